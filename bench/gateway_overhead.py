@@ -1,0 +1,129 @@
+"""Gateway overhead: the same load straight to vLLM and through `reef serve`, side by side in one run.
+
+16 concurrent clients, 64 completion tokens each (`ignore_eos`), non-streaming and streaming.
+Rounds alternate direct/gateway so drift on a shared machine hits both arms alike. Prints the
+throughput ratio (gateway / direct) and the added p50/p99 latency; targets: ratio >= 0.95,
+added p50 <= 2 ms.
+
+    .venv/bin/python bench/gateway_overhead.py [--rounds 3] [--requests-per-client 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from reef.config import ServeConfig  # noqa: E402
+from reef.engine.supervisor import EngineSupervisor  # noqa: E402
+from tests.conftest import MODEL_NAME, TINY, Gateway  # noqa: E402
+
+console = Console()
+
+
+async def _batch(url: str, clients: int, per_client: int, stream: bool, tokens: int) -> tuple[float, list[float], int]:
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "What is 3 + 4?"}],
+            "max_tokens": tokens, "ignore_eos": True, "temperature": 1.0, "stream": stream}
+    latencies: list[float] = []
+    produced = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal produced
+        for _ in range(per_client):
+            t0 = time.perf_counter()
+            if stream:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data:") and '"delta"' in line and '"content"' in line:
+                            produced += 1
+            else:
+                resp = await http.post("/v1/chat/completions", json=body)
+                resp.raise_for_status()
+                produced += resp.json()["usage"]["completion_tokens"]
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=64)) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return wall, latencies, produced
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
+    args = parser.parse_args()
+
+    config = ServeConfig(model=str(TINY), served_model_name=MODEL_NAME, data_dir=REPO / "data")
+    engine = EngineSupervisor(config, REPO / "data" / "logs" / "bench-vllm.log")
+    with console.status("starting vLLM..."):
+        vllm_url = engine.start()
+    import tempfile
+
+    gw = Gateway(Path(tempfile.mkdtemp(prefix="reef-bench-")), vllm_url).start()
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for stream in (False, True):
+            mode = "stream" if stream else "json"
+            arms: dict[str, dict[str, list[float]]] = {
+                a: {"wall": [], "lat": [], "tok": []} for a in ("direct", "gateway")
+            }
+            asyncio.run(_batch(vllm_url, args.clients, 1, stream, args.tokens))  # warm-up
+            asyncio.run(_batch(gw.url, args.clients, 1, stream, args.tokens))
+            for r in range(args.rounds):
+                order = [("direct", vllm_url), ("gateway", gw.url)]
+                for arm, url in order if r % 2 == 0 else order[::-1]:
+                    wall, lat, tok = asyncio.run(
+                        _batch(url, args.clients, args.requests_per_client, stream, args.tokens)
+                    )
+                    arms[arm]["wall"].append(wall)
+                    arms[arm]["lat"].extend(lat)
+                    arms[arm]["tok"].append(tok)
+                    console.print(f"  {mode:6} round {r + 1} {arm:7}: {tok / wall:7.0f} tok/s")
+            tput = {a: sum(v["tok"]) / sum(v["wall"]) for a, v in arms.items()}
+            results[mode] = {
+                "direct_tok_s": tput["direct"], "gateway_tok_s": tput["gateway"],
+                "throughput_ratio": tput["gateway"] / tput["direct"],
+                "direct_p50_ms": _pct(arms["direct"]["lat"], 50), "gateway_p50_ms": _pct(arms["gateway"]["lat"], 50),
+                "direct_p99_ms": _pct(arms["direct"]["lat"], 99), "gateway_p99_ms": _pct(arms["gateway"]["lat"], 99),
+            }
+            results[mode]["added_p50_ms"] = results[mode]["gateway_p50_ms"] - results[mode]["direct_p50_ms"]
+            results[mode]["added_p99_ms"] = results[mode]["gateway_p99_ms"] - results[mode]["direct_p99_ms"]
+    finally:
+        gw.stop()
+        engine.stop()
+
+    table = Table(title=f"gateway overhead: {args.clients} clients x {args.tokens} tokens, {args.rounds} rounds")
+    for col in ("mode", "direct tok/s", "gateway tok/s", "ratio (>=0.95)", "added p50 ms (<=2)", "added p99 ms"):
+        table.add_column(col, justify="right")
+    for mode, r in results.items():
+        table.add_row(mode, f"{r['direct_tok_s']:.0f}", f"{r['gateway_tok_s']:.0f}", f"{r['throughput_ratio']:.3f}",
+                      f"{r['added_p50_ms']:.1f}", f"{r['added_p99_ms']:.1f}")
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

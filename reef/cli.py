@@ -1,0 +1,189 @@
+"""The `reef` command line. Each subcommand is a thin wrapper over a module that does the work.
+
+Bad input exits with code 2 and a one-line message; an unreachable server exits with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from reef.config import ConfigError, describe, resolve
+
+DEFAULT_URL = os.environ.get("REEF_URL", "http://127.0.0.1:8900")
+
+
+class UsageError(Exception):
+    """Bad input from the command line: exit code 2."""
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError("must be a finite number")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reef", description="Serve, record, learn, gate and release.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start vLLM and the recording gateway")
+    serve.add_argument("-c", "--config", type=Path, help="serve.yaml (default: ./serve.yaml if present)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--data-dir", type=Path)
+    serve.add_argument("--model", help="HF model id or local path (default: the embedded tiny model)")
+    serve.add_argument("--upstream-url", help="record in front of this OpenAI-compatible server instead")
+    serve.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+    model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd",
+                                                                                    required=True)
+    tiny = model.add_parser("build-tiny", help="train the tiny default model from scratch")
+    tiny.add_argument("--out", type=Path, default=Path("data/models/tiny"))
+    tiny.add_argument("--seed", type=int, default=0)
+
+    status = sub.add_parser("status", help="what a running server records and serves")
+    status.add_argument("--url", default=DEFAULT_URL)
+
+    records = sub.add_parser("records", help="browse recorded experience").add_subparsers(dest="records_cmd",
+                                                                                         required=True)
+    tail = records.add_parser("tail", help="the latest records of a scenario")
+    tail.add_argument("--scenario", default="default")
+    tail.add_argument("-n", type=int, default=10)
+    tail.add_argument("--data-dir", type=Path, default=Path("data"))
+    tail.add_argument("--follow", "-f", action="store_true")
+
+    report = sub.add_parser("report", help="report a reward for a record")
+    report.add_argument("record_id")
+    report.add_argument("--score", type=_finite, required=True)
+    report.add_argument("--feedback")
+    report.add_argument("--scenario", default="default")
+    report.add_argument("--url", default=DEFAULT_URL)
+
+    simulate = sub.add_parser("simulate", help="play the demo task's users through the gateway")
+    simulate.add_argument("--scenario", default="demo")
+    simulate.add_argument("--requests", type=int, default=200)
+    simulate.add_argument("--concurrency", type=int, default=8)
+    simulate.add_argument("--url", default=DEFAULT_URL)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    cli = {"host": args.host, "port": args.port, "data_dir": args.data_dir, "model": args.model,
+           "upstream.url": args.upstream_url}
+    config, sources = resolve(cli=cli, config_file=args.config)
+    if args.print_config:
+        print(describe(config, sources))
+        return 0
+    from reef.server import serve
+
+    serve(config)
+    return 0
+
+
+def _request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    try:
+        return httpx.request(method, url, timeout=30.0, **kwargs)
+    except httpx.HTTPError as exc:
+        print(f"reef: cannot reach {url}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    data = _request("GET", f"{args.url}/reef/status").json()
+    table = Table(title=f"reef at {args.url} — model {data['model']}, up {data['uptime_s']:.0f} s")
+    for col in ("scenario", "records", "reports", "unflushed", "flush lag s", "serving release"):
+        table.add_column(col)
+    for name, s in data["scenarios"].items():
+        table.add_row(name, str(s["records"]), str(s["reports"]), str(s["unflushed_records"]),
+                      f"{s['flush_lag_s']:.2f}", s["serving_release"])
+    console = Console()
+    console.print(table)
+    engine = data["engine"]
+    console.print(f"engine: {engine['url']} healthy={engine['healthy']} managed={engine.get('managed')}")
+    return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from reef.experience.load import load
+
+    seen: set[str] = set()
+    while True:
+        frame = load(args.scenario, args.data_dir).lazy().sort("created_at").tail(args.n).collect()
+        for row in frame.iter_rows(named=True):
+            if row["record_id"] in seen:
+                continue
+            seen.add(row["record_id"])
+            prompt = (row["messages"] or [{}])[-1].get("content") or ""
+            reply = ((row["choices"] or [{}])[0].get("content") or "").replace("\n", " ")
+            score = row.get("score")
+            print(f"{row['created_at']:%H:%M:%S} {row['record_id']} {row['release_id']} "
+                  f"score={'-' if score is None else f'{score:g}'} | {prompt[:40]!r} -> {reply[:60]!r}")
+        if not args.follow:
+            return 0
+        time.sleep(1.0)
+
+
+def _report(args: argparse.Namespace) -> int:
+    body = {"agent_record_id": args.record_id, "score": args.score, "feedback": args.feedback}
+    resp = _request("POST", f"{args.url}/reef/report", json=body, headers={"x-reef-scenario": args.scenario})
+    if resp.status_code >= 400:
+        message = resp.json().get("error", {}).get("message", resp.text)
+        raise UsageError(f"report refused ({resp.status_code}): {message}")
+    print(resp.json()["report_id"])
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from reef.demo.simulate import simulate
+
+    summary = simulate(args.url, scenario=args.scenario, requests=args.requests, concurrency=args.concurrency)
+    print(summary.render())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("REEF_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request is noise
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "model":
+            from reef.model.tiny import main_build_tiny
+
+            return main_build_tiny(["--out", str(args.out), "--seed", str(args.seed)])
+        if args.command == "status":
+            return _status(args)
+        if args.command == "records":
+            return _tail(args)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "simulate":
+            return _simulate(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"reef: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""`serve.yaml`: the pydantic schema of Reef's server config and its resolution.
+
+Precedence, highest first: command line > config file > environment (`REEF_*`, nested keys joined
+with `__`, e.g. `REEF_ENGINE__MAX_MODEL_LEN=2048`) > defaults. `resolve()` also returns where each
+value came from, which `reef serve --print-config` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_CONFIG_FILE = Path("serve.yaml")
+ENV_PREFIX = "REEF_"
+DEFAULT_TINY_MODEL = Path("data/models/tiny")
+
+
+class _Strict(BaseModel):
+    # An unknown key is an error naming that key, never silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineConfig(_Strict):
+    """The vLLM OpenAI server that `reef serve` starts and supervises."""
+
+    port: int | None = Field(default=None, description="private loopback port; free port if unset")
+    max_model_len: int = 1024
+    dtype: str = "bfloat16"
+    kv_cache_gib: int = Field(default=2, ge=1)
+    enforce_eager: bool = False
+    startup_timeout_s: float = 600.0
+    extra_args: list[str] = Field(default_factory=list, description="passed to vLLM as they are")
+
+
+class UpstreamConfig(_Strict):
+    """Any OpenAI-compatible server to record in front of, instead of a managed vLLM."""
+
+    url: str | None = None
+    api_key: str | None = None
+
+
+class StoreConfig(_Strict):
+    """The experience store: write-ahead log and parquet flusher."""
+
+    fsync: bool = Field(default=True, description="fsync the WAL before acknowledging a record")
+    flush_interval_s: float = Field(default=2.0, gt=0)
+    flush_max_records: int = Field(default=5000, gt=0)
+
+
+class ServeConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8900, ge=0, le=65535)
+    data_dir: Path = Path("data")
+    model: str | None = Field(
+        default=None, description="HF model id or local path; unset: the embedded tiny model"
+    )
+    served_model_name: str | None = Field(default=None, description="name clients use; default: model")
+    seed: int = 0
+    admin_token: str | None = None
+    report_wait_s: float = Field(
+        default=30.0, ge=0, description="how long a report waits for a streaming record to be durable"
+    )
+    request_timeout_s: float = 600.0
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @property
+    def model_path(self) -> str:
+        return self.model or str(DEFAULT_TINY_MODEL)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or (self.model or "reef-tiny")
+
+
+_SECRETS = {"admin_token", "upstream.api_key"}
+
+
+class ConfigError(ValueError):
+    """An invalid config; the message names the bad key."""
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`REEF_ENGINE__MAX_MODEL_LEN=2048` -> {"engine.max_model_len": 2048}; only known top-level keys."""
+    fields = set(ServeConfig.model_fields)
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        if dotted.split(".")[0] in fields:
+            out[dotted] = yaml.safe_load(raw) if raw else raw
+    return out
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys, got {type(data).__name__}")
+    return _flatten(data)
+
+
+def resolve(
+    cli: Mapping[str, Any] | None = None,
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[ServeConfig, dict[str, str]]:
+    """Merge the layers and validate; returns the config and `{dotted key: source}`."""
+    environ = os.environ if environ is None else environ
+    layers: list[tuple[str, dict[str, Any]]] = [("env", env_overrides(environ))]
+    if config_file is None and DEFAULT_CONFIG_FILE.exists():
+        config_file = DEFAULT_CONFIG_FILE
+    if config_file is not None:
+        layers.append((f"file:{config_file}", load_file(config_file)))
+    layers.append(("cli", {k: v for k, v in (cli or {}).items() if v is not None}))
+
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for source, values in layers:
+        for dotted, value in values.items():
+            _set(merged, dotted, value)
+            sources[dotted] = source
+    try:
+        config = ServeConfig.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid config: {problems}") from exc
+    resolved = _flatten(config.model_dump(mode="json"))
+    return config, {key: sources.get(key, "default") for key in resolved}
+
+
+def describe(config: ServeConfig, sources: Mapping[str, str]) -> str:
+    """The resolved config as YAML lines, each with the layer it came from."""
+    lines = []
+    for key, value in _flatten(config.model_dump(mode="json")).items():
+        if key in _SECRETS and value is not None:
+            value = "***"
+        lines.append(f"{key}: {json.dumps(value)}  # {sources[key]}")
+    return "\n".join(lines)

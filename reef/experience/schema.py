@@ -1,0 +1,196 @@
+"""The one definition of what Reef records: pydantic models for records and reports, and the
+`datasets.Features` their parquet shards are written with.
+
+Column names follow the OpenTelemetry GenAI semantic conventions where one exists
+(`gen_ai.conversation.id`, `gen_ai.usage.input_tokens`, ...); the pydantic models use plain Python
+names with those as aliases, so `model_dump(by_alias=True)` gives exactly the stored row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import datasets
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- pydantic models -------------------------------------------------------------------------
+
+
+class Message(BaseModel):
+    """One chat message as the client sent it, flattened to text; the exact request is in
+    `Record.request_json`."""
+
+    role: str
+    content: str | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls_json: str | None = None
+
+
+class Choice(BaseModel):
+    """One sampled completion with the exact token ids and logprobs vLLM produced."""
+
+    index: int
+    content: str | None = None
+    finish_reason: str | None = None
+    tool_calls_json: str | None = None
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+
+
+class Tag(BaseModel):
+    name: str
+    value: str
+
+
+class Record(BaseModel):
+    """One chat completion call, as served."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    record_id: str
+    scenario: str
+    session_id: str = Field(alias="gen_ai.conversation.id")
+    created_at: datetime
+    operation: str = Field(default="chat", alias="gen_ai.operation.name")
+    request_model: str = Field(alias="gen_ai.request.model")
+    response_model: str = Field(alias="gen_ai.response.model")
+    response_id: str = Field(default="", alias="gen_ai.response.id")
+    release_id: str
+    messages: list[Message]
+    # Sampling parameters: the common ones as columns, all of them (minus messages) as JSON.
+    temperature: float | None = Field(default=None, alias="gen_ai.request.temperature")
+    top_p: float | None = Field(default=None, alias="gen_ai.request.top_p")
+    max_tokens: int | None = Field(default=None, alias="gen_ai.request.max_tokens")
+    choice_count: int = Field(default=1, alias="gen_ai.request.choice.count")
+    params_json: str = "{}"
+    stream: bool = False
+    choices: list[Choice]
+    finish_reasons: list[str] = Field(default_factory=list, alias="gen_ai.response.finish_reasons")
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    input_tokens: int = Field(default=0, alias="gen_ai.usage.input_tokens")
+    output_tokens: int = Field(default=0, alias="gen_ai.usage.output_tokens")
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    tags: list[Tag] = Field(default_factory=list)
+    # sha256 of (scenario, prompt, completions): equal hashes are exact duplicates.
+    content_hash: str
+    # sha256 of the request body: an idempotent retry must repeat it exactly.
+    body_hash: str
+    # Rolling hashes of (messages + each choice's reply): a later request that extends one of
+    # them continues this record's session (see reef.gateway.sessions).
+    reply_hashes: list[str] = Field(default_factory=list)
+    # The exact request body and the response the client got (for idempotent replay).
+    request_json: str
+    response_json: str
+
+
+class Report(BaseModel):
+    """A reward for one or more records, from the application."""
+
+    report_id: str
+    scenario: str
+    record_ids: list[str]
+    score: float
+    feedback: str | None = None
+    metadata_json: str = "{}"
+    created_at: datetime
+    # sha256 of the report's content: same report_id with another content is a conflict.
+    content_hash: str
+
+
+# --- datasets.Features: the on-disk schema of the parquet shards -----------------------------
+
+_MESSAGE = {
+    "role": datasets.Value("string"),
+    "content": datasets.Value("string"),
+    "name": datasets.Value("string"),
+    "tool_call_id": datasets.Value("string"),
+    "tool_calls_json": datasets.Value("string"),
+}
+_CHOICE = {
+    "index": datasets.Value("int32"),
+    "content": datasets.Value("string"),
+    "finish_reason": datasets.Value("string"),
+    "tool_calls_json": datasets.Value("string"),
+    "token_ids": datasets.List(datasets.Value("int32")),
+    "logprobs": datasets.List(datasets.Value("float32")),
+}
+_TIMESTAMP = datasets.Value("timestamp[us, tz=UTC]")
+
+RECORD_FEATURES = datasets.Features(
+    {
+        "record_id": datasets.Value("string"),
+        "scenario": datasets.Value("string"),
+        "gen_ai.conversation.id": datasets.Value("string"),
+        "created_at": _TIMESTAMP,
+        "gen_ai.operation.name": datasets.Value("string"),
+        "gen_ai.request.model": datasets.Value("string"),
+        "gen_ai.response.model": datasets.Value("string"),
+        "gen_ai.response.id": datasets.Value("string"),
+        "release_id": datasets.Value("string"),
+        "messages": datasets.List(_MESSAGE),
+        "gen_ai.request.temperature": datasets.Value("float64"),
+        "gen_ai.request.top_p": datasets.Value("float64"),
+        "gen_ai.request.max_tokens": datasets.Value("int64"),
+        "gen_ai.request.choice.count": datasets.Value("int32"),
+        "params_json": datasets.Value("string"),
+        "stream": datasets.Value("bool"),
+        "choices": datasets.List(_CHOICE),
+        "gen_ai.response.finish_reasons": datasets.List(datasets.Value("string")),
+        "prompt_token_ids": datasets.List(datasets.Value("int32")),
+        "gen_ai.usage.input_tokens": datasets.Value("int64"),
+        "gen_ai.usage.output_tokens": datasets.Value("int64"),
+        "latency_ms": datasets.Value("float64"),
+        "ttft_ms": datasets.Value("float64"),
+        "tags": datasets.List({"name": datasets.Value("string"), "value": datasets.Value("string")}),
+        "content_hash": datasets.Value("string"),
+        "body_hash": datasets.Value("string"),
+        "reply_hashes": datasets.List(datasets.Value("string")),
+        "request_json": datasets.Value("string"),
+        "response_json": datasets.Value("string"),
+    }
+)
+
+REPORT_FEATURES = datasets.Features(
+    {
+        "report_id": datasets.Value("string"),
+        "scenario": datasets.Value("string"),
+        "record_ids": datasets.List(datasets.Value("string")),
+        "score": datasets.Value("float64"),
+        "feedback": datasets.Value("string"),
+        "metadata_json": datasets.Value("string"),
+        "created_at": _TIMESTAMP,
+        "content_hash": datasets.Value("string"),
+    }
+)
+
+TABLES: dict[str, tuple[type[BaseModel], datasets.Features]] = {
+    "records": (Record, RECORD_FEATURES),
+    "reports": (Report, REPORT_FEATURES),
+}
+
+
+# --- hashing helpers shared by the gateway and the readers -----------------------------------
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def sha256_json(value: Any) -> str:
+    """Hash of a JSON value with sorted keys, so equal content gives equal hashes."""
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def record_content_hash(scenario: str, messages: list[Message], choices: list[Choice]) -> str:
+    return sha256_json(
+        [
+            scenario,
+            [[m.role, m.content, m.tool_calls_json] for m in messages],
+            [[c.content, c.tool_calls_json] for c in choices],
+        ]
+    )

@@ -1,0 +1,247 @@
+"""`POST /v1/chat/completions`: proxy to the model server and record the exchange durably.
+
+The response (or, for streams, the final receipt event) is sent only after the record is fsynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from reef.experience.schema import Record, sha256_json, utcnow
+from reef.gateway import headers as h
+from reef.gateway.errors import ReefError
+from reef.gateway.recorder import (
+    ClientWants,
+    Exchange,
+    StreamAccumulator,
+    build_record,
+    for_client,
+    upstream_request,
+)
+from reef.gateway.state import GatewayState, get_state
+from reef.gateway.upstream import UpstreamError
+
+router = APIRouter()
+_DELIVERY = ("stream", "stream_options")
+_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+# Partial records of aborted streams are written by tasks nobody awaits; keep them referenced.
+_background: set[asyncio.Task[None]] = set()
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ReefError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ReefError(400, "request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ReefError(400, "messages must be a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise ReefError(400, f"messages[{i}] needs a role among {sorted(_ROLES)}", param=f"messages.{i}.role")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise ReefError(400, "stream must be a boolean", param="stream")
+    return body
+
+
+def _json(payload: dict[str, Any], record_id: str, replayed: bool = False) -> Response:
+    headers = {h.RECORD_ID: record_id}
+    if replayed:
+        headers[h.REPLAYED] = "true"
+    return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _receipt(record_id: str, completion_id: str, model: str) -> bytes:
+    # Shaped as a chunk with no choices (like the usage chunk), so OpenAI SDKs pass it through;
+    # the id is at `chunk.model_extra["agent_record_id"]`.
+    return _sse({
+        "id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
+        "model": model, "choices": [], "agent_record_id": record_id,
+    })
+
+
+def _stream_headers(record_id: str) -> dict[str, str]:
+    return {h.RECORD_ID: record_id, "cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+async def _replay(record: Record, stream: bool) -> Response:
+    """Answer a retry from the stored response, without calling the model again."""
+    stored = orjson.loads(record.response_json)
+    if not stream:
+        return _json(stored, record.record_id, replayed=True)
+
+    async def events() -> AsyncIterator[bytes]:
+        base = {"id": stored.get("id", ""), "object": "chat.completion.chunk",
+                "created": stored.get("created", 0), "model": stored.get("model", "")}
+        for choice in stored.get("choices") or ():
+            delta = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
+            yield _sse({**base, "choices": [{"index": choice.get("index", 0), "delta": delta,
+                                             "logprobs": choice.get("logprobs"),
+                                             "finish_reason": choice.get("finish_reason")}]})
+        if stored.get("usage"):
+            yield _sse({**base, "choices": [], "usage": stored["usage"]})
+        yield _receipt(record.record_id, base["id"], base["model"])
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={**_stream_headers(record.record_id), h.REPLAYED: "true"})
+
+
+async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: str) -> Record | None:
+    """The stored record a retry refers to, or None for a new id; 409 if the body differs."""
+    pending = st.inflight.get(record_id)
+    if pending is not None:
+        if (pending.scenario, pending.body_hash) != (scenario, body_hash):
+            raise ReefError(409, f"record {record_id} is in flight with another request body", param=h.RECORD_ID)
+        await st.inflight.wait(record_id, st.config.request_timeout_s)
+    known = st.store.record_index(record_id)
+    if known is None:
+        return None
+    if tuple(known) != (scenario, body_hash):
+        raise ReefError(409, f"record {record_id} exists with another request body", param=h.RECORD_ID,
+                        code="record_id_conflict")
+    record = st.store.get_record(record_id)
+    if record is None:  # indexed but unreadable: never silently call the model twice
+        raise ReefError(409, f"record {record_id} exists but cannot be read back", param=h.RECORD_ID)
+    return record
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    st = get_state(request)
+    started = time.perf_counter()
+    created_at = utcnow()
+    body = _parse(await request.body())
+    scenario = h.scenario_of(request)
+    # How the answer is delivered is not part of the request's identity: a retry of a broken stream
+    # may come back as a plain request, and gets the stored answer either way.
+    body_hash = sha256_json([scenario, {k: v for k, v in body.items() if k not in _DELIVERY}])
+    stream = bool(body.get("stream"))
+
+    client_id = request.headers.get(h.RECORD_ID)
+    if client_id is not None:
+        h.valid_id(client_id, h.RECORD_ID)
+        stored = await _existing(st, client_id, scenario, body_hash)
+        if stored is not None:
+            st.metrics.requests.labels(scenario, "replayed").inc()
+            return await _replay(stored, stream)
+    record_id = client_id or h.new_id("rec")
+
+    route = st.routes.for_scenario(scenario)
+    client_model = body.get("model") or st.config.model_name
+    # Clients keep naming the base model; the route decides what actually serves it.
+    upstream_model = route.model if client_model in (st.config.model_name, route.model) else client_model
+    session_header = request.headers.get(h.SESSION)
+    session_id = (h.valid_id(session_header, h.SESSION) if session_header else None) \
+        or st.sessions.lookup(body["messages"]) or h.new_id("ses")
+    exchange = Exchange(
+        record_id=record_id, scenario=scenario, session_id=session_id, release_id=route.release_id,
+        created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
+        tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
+    )
+    up_body, wants = upstream_request(body, upstream_model)
+
+    st.inflight.begin(record_id, scenario, body_hash)
+    try:
+        if stream:
+            lines = await st.upstream.stream_chat(up_body)
+            relay = _relay(st, exchange, lines, wants, started)
+            return StreamingResponse(relay, media_type="text/event-stream", headers=_stream_headers(record_id))
+        upstream_response = await st.upstream.chat(up_body)
+        exchange.latency_ms = (time.perf_counter() - started) * 1000
+        client_response = for_client(orjson.loads(orjson.dumps(upstream_response)), wants, client_model)
+        assert client_response is not None
+        await _commit(st, build_record(exchange, upstream_response, client_response))
+        st.metrics.latency.labels(scenario).observe(time.perf_counter() - started)
+        return _json(client_response, record_id)
+    except UpstreamError as exc:
+        st.inflight.finish(record_id, False)
+        st.metrics.requests.labels(scenario, str(exc.status)).inc()
+        return Response(exc.body, status_code=exc.status, media_type="application/json")
+    except BaseException:
+        st.inflight.finish(record_id, False)
+        raise
+
+
+async def _commit(st: GatewayState, record: Record) -> None:
+    """Make the record durable, then let retries and reports see it."""
+    waited = time.perf_counter()
+    try:
+        await st.store.append_record(record)
+    except BaseException:
+        st.inflight.finish(record.record_id, False)
+        raise
+    st.metrics.durable_wait.observe(time.perf_counter() - waited)
+    st.sessions.add(record.reply_hashes, record.session_id)
+    st.inflight.finish(record.record_id, True)
+    st.metrics.records.labels(record.scenario).inc()
+    st.metrics.requests.labels(record.scenario, "200").inc()
+
+
+async def _relay(
+    st: GatewayState, ex: Exchange, lines: AsyncIterator[bytes], wants: ClientWants, started: float
+) -> AsyncIterator[bytes]:
+    acc = StreamAccumulator()
+    client_model = ex.request_model
+    committing = False
+    try:
+        async for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = orjson.loads(data)
+            if "error" in chunk:  # the engine failed mid-stream: pass its error on as it is
+                yield _sse(chunk)
+                continue
+            acc.feed(chunk)
+            out = for_client(chunk, wants, client_model)
+            if out is not None:
+                yield _sse(out)
+        committing = True
+        await _commit(st, _stream_record(ex, acc, wants, started))
+        st.metrics.latency.labels(ex.scenario).observe(time.perf_counter() - started)
+        yield _receipt(ex.record_id, acc.id, client_model)
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not committing:
+            # The client went away (or the engine broke) mid-stream: what was generated is still
+            # experience, so record it in the background; the client never got a receipt for it.
+            task = asyncio.get_running_loop().create_task(
+                _commit_quietly(st, _stream_record(ex, acc, wants, started))
+            )
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+
+def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, started: float) -> Record:
+    ex.latency_ms = (time.perf_counter() - started) * 1000
+    ex.ttft_ms = (acc.first_token_at - started) * 1000 if acc.first_token_at else None
+    full = acc.response()
+    client = for_client(orjson.loads(orjson.dumps(full)), ClientWants(wants.logprobs, wants.token_ids, True),
+                        ex.request_model)
+    assert client is not None
+    if not wants.usage:
+        client.pop("usage", None)
+    return build_record(ex, full, client)
+
+
+async def _commit_quietly(st: GatewayState, record: Record) -> None:
+    try:
+        await _commit(st, record)
+    except Exception:  # already logged by the store; the stream had failed anyway
+        st.inflight.finish(record.record_id, False)

@@ -1,0 +1,40 @@
+"""Reef's client contract: the request headers it reads and the one it answers with."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from fastapi import Request
+
+from reef.gateway.errors import ReefError
+from reef.gateway.routing import SCENARIO_RE
+
+RECORD_ID = "x-reef-agent-record-id"
+SCENARIO = "x-reef-scenario"
+SESSION = "x-reef-session"
+TAG_PREFIX = "x-reef-tag-"
+REPLAYED = "x-reef-replayed"
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def scenario_of(request: Request) -> str:
+    scenario = request.headers.get(SCENARIO, "default")
+    if not SCENARIO_RE.match(scenario):
+        raise ReefError(400, f"{SCENARIO} must match {SCENARIO_RE.pattern}", param=SCENARIO)
+    return scenario
+
+
+def valid_id(value: str, param: str) -> str:
+    if not ID_RE.match(value):
+        raise ReefError(400, f"{param} must match {ID_RE.pattern}", param=param)
+    return value
+
+
+def tags_of(request: Request) -> dict[str, str]:
+    return {k[len(TAG_PREFIX):]: v for k, v in request.headers.items() if k.startswith(TAG_PREFIX)}

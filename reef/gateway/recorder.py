@@ -1,0 +1,220 @@
+"""Turning one chat completion exchange into a `Record`.
+
+The gateway always asks the model server for token ids and logprobs (recipes need the exact
+behaviour policy), and removes them from what the client sees unless the client asked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from reef.experience.schema import Choice, Message, Record, Tag, record_content_hash
+from reef.gateway.sessions import _text, reply_hashes
+
+
+@dataclass(frozen=True)
+class ClientWants:
+    """Which of the fields the gateway adds for itself the client asked for too."""
+
+    logprobs: bool
+    token_ids: bool
+    usage: bool
+
+
+def upstream_request(body: dict[str, Any], model: str) -> tuple[dict[str, Any], ClientWants]:
+    up = dict(body)
+    up["model"] = model
+    up["logprobs"] = True
+    up["return_token_ids"] = True
+    usage = True
+    if body.get("stream"):
+        options = dict(body.get("stream_options") or {})
+        usage = bool(options.get("include_usage"))
+        options["include_usage"] = True
+        up["stream_options"] = options
+    wants = ClientWants(bool(body.get("logprobs")), bool(body.get("return_token_ids")), usage)
+    return up, wants
+
+
+def for_client(payload: dict[str, Any], wants: ClientWants, model: str) -> dict[str, Any] | None:
+    """The response or chunk as the client should see it; None drops a usage-only chunk."""
+    if payload.get("usage") is not None and not wants.usage:
+        if not payload.get("choices"):
+            return None
+        payload["usage"] = None
+    if "model" in payload:
+        payload["model"] = model
+    if not wants.token_ids:
+        payload.pop("prompt_token_ids", None)
+    for choice in payload.get("choices") or ():
+        if not wants.logprobs:
+            choice["logprobs"] = None
+        if not wants.token_ids:
+            choice.pop("token_ids", None)
+    return payload
+
+
+def _logprobs(choice: dict[str, Any]) -> list[float]:
+    content = (choice.get("logprobs") or {}).get("content") or ()
+    return [float(item["logprob"]) for item in content]
+
+
+@dataclass
+class _ChoiceAcc:
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class StreamAccumulator:
+    """Rebuilds the complete response from streamed chunks, token ids and logprobs included."""
+
+    def __init__(self) -> None:
+        self.choices: dict[int, _ChoiceAcc] = {}
+        self.prompt_token_ids: list[int] = []
+        self.usage: dict[str, Any] | None = None
+        self.id = ""
+        self.model = ""
+        self.created = int(time.time())
+        self.first_token_at: float | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        self.id = chunk.get("id", self.id)
+        self.model = chunk.get("model", self.model)
+        self.created = chunk.get("created", self.created)
+        if chunk.get("prompt_token_ids"):
+            self.prompt_token_ids = chunk["prompt_token_ids"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            acc = self.choices.setdefault(choice.get("index", 0), _ChoiceAcc())
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+                acc.content.append(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                slot = acc.tool_calls.setdefault(
+                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                slot["id"] = call.get("id") or slot["id"]
+                fn = call.get("function") or {}
+                slot["function"]["name"] += fn.get("name") or ""
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+            acc.token_ids.extend(choice.get("token_ids") or ())
+            acc.logprobs.extend(_logprobs(choice))
+            if choice.get("finish_reason"):
+                acc.finish_reason = choice["finish_reason"]
+
+    def response(self) -> dict[str, Any]:
+        """The non-streaming response the same exchange would have produced."""
+        choices = []
+        for index in sorted(self.choices):
+            acc = self.choices[index]
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(acc.content)}
+            if acc.tool_calls:
+                message["tool_calls"] = [acc.tool_calls[i] for i in sorted(acc.tool_calls)]
+            choices.append({
+                "index": index,
+                "message": message,
+                "logprobs": {"content": [{"logprob": lp} for lp in acc.logprobs]},
+                "finish_reason": acc.finish_reason,
+                "token_ids": acc.token_ids,
+            })
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage,
+            "prompt_token_ids": self.prompt_token_ids,
+        }
+
+
+def _message(m: dict[str, Any]) -> Message:
+    calls = m.get("tool_calls")
+    return Message(
+        role=str(m.get("role", "")),
+        content=_text(m.get("content")) if m.get("content") is not None else None,
+        name=m.get("name"),
+        tool_call_id=m.get("tool_call_id"),
+        tool_calls_json=orjson.dumps(calls).decode() if calls else None,
+    )
+
+
+def _choice(c: dict[str, Any]) -> Choice:
+    message = c.get("message") or {}
+    calls = message.get("tool_calls")
+    return Choice(
+        index=c.get("index", 0),
+        content=message.get("content"),
+        finish_reason=c.get("finish_reason"),
+        tool_calls_json=orjson.dumps(calls).decode() if calls else None,
+        token_ids=c.get("token_ids") or [],
+        logprobs=_logprobs(c),
+    )
+
+
+@dataclass
+class Exchange:
+    """Everything known about one call when it is recorded."""
+
+    record_id: str
+    scenario: str
+    session_id: str
+    release_id: str
+    created_at: datetime
+    body: dict[str, Any]
+    body_hash: str
+    request_model: str
+    tags: dict[str, str]
+    stream: bool
+    latency_ms: float
+    ttft_ms: float | None
+
+
+def build_record(ex: Exchange, upstream_response: dict[str, Any], client_response: dict[str, Any]) -> Record:
+    messages = ex.body.get("messages") or []
+    raw_choices = upstream_response.get("choices") or []
+    choices = [_choice(c) for c in raw_choices]
+    parsed_messages = [_message(m) for m in messages]
+    usage = upstream_response.get("usage") or {}
+    params = {k: v for k, v in ex.body.items() if k != "messages"}
+    return Record(
+        record_id=ex.record_id,
+        scenario=ex.scenario,
+        session_id=ex.session_id,
+        created_at=ex.created_at,
+        request_model=ex.request_model,
+        response_model=str(upstream_response.get("model", "")),
+        response_id=str(upstream_response.get("id", "")),
+        release_id=ex.release_id,
+        messages=parsed_messages,
+        temperature=ex.body.get("temperature"),
+        top_p=ex.body.get("top_p"),
+        max_tokens=ex.body.get("max_completion_tokens") or ex.body.get("max_tokens"),
+        choice_count=int(ex.body.get("n") or 1),
+        params_json=orjson.dumps(params).decode(),
+        stream=ex.stream,
+        choices=choices,
+        finish_reasons=[c.finish_reason or "" for c in choices],
+        prompt_token_ids=upstream_response.get("prompt_token_ids") or [],
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        latency_ms=ex.latency_ms,
+        ttft_ms=ex.ttft_ms,
+        tags=[Tag(name=k, value=v) for k, v in sorted(ex.tags.items())],
+        content_hash=record_content_hash(ex.scenario, parsed_messages, choices),
+        body_hash=ex.body_hash,
+        reply_hashes=reply_hashes(messages, [c.get("message") or {} for c in raw_choices]),
+        request_json=orjson.dumps(ex.body).decode(),
+        response_json=orjson.dumps(client_response).decode(),
+    )

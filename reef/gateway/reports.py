@@ -1,0 +1,97 @@
+"""`POST /reef/report`: an application's reward for one or more records.
+
+A report may name a streaming record whose receipt has not been sent yet (the id is in the
+response header from the first byte). Such a report waits, up to `report_wait_s`, until that
+record is durable, then is stored; if the record never becomes durable it gets 404. Nothing the
+gateway acknowledged with 200 is lost: the report is fsynced before the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from reef.experience.schema import Report, sha256_json, utcnow
+from reef.gateway import headers as h
+from reef.gateway.errors import ReefError
+from reef.gateway.state import get_state
+
+router = APIRouter()
+
+
+class ReportIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_record_id: str | None = None
+    references: list[str] | None = None
+    score: float = Field(allow_inf_nan=False)
+    feedback: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    report_id: str | None = None
+
+    @field_validator("score", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        # pydantic would accept "0.5" or true; a reward must be an actual finite number.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError("score must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _names_records(self) -> ReportIn:
+        if not self.record_ids():
+            raise ValueError("name a record: agent_record_id or references")
+        return self
+
+    def record_ids(self) -> list[str]:
+        ids = ([self.agent_record_id] if self.agent_record_id else []) + list(self.references or [])
+        return list(dict.fromkeys(ids))
+
+
+class ReportReceipt(BaseModel):
+    report_id: str
+    agent_record_ids: list[str]
+    duplicate: bool
+
+
+@router.post("/reef/report")
+async def report(body: ReportIn, request: Request) -> ReportReceipt:
+    st = get_state(request)
+    scenario = h.scenario_of(request)
+    record_ids = body.record_ids()
+    for record_id in record_ids:
+        if st.inflight.get(record_id) is not None:
+            await st.inflight.wait(record_id, st.config.report_wait_s)
+        known = st.store.record_index(record_id)
+        # A record of another scenario is reported as unknown: scenarios do not see each other.
+        if known is None or known[0] != scenario:
+            raise ReefError(404, f"no record {record_id} in scenario {scenario!r}", param="agent_record_id",
+                            code="record_not_found")
+    content = [scenario, record_ids, body.score, body.feedback, body.metadata]
+    content_hash = sha256_json(content)
+    report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
+    if st.inflight_reports.get(report_id) is not None:  # a concurrent retry of the same report
+        await st.inflight_reports.wait(report_id, st.config.report_wait_s)
+    known_report = st.store.report_index(report_id)
+    if known_report is not None:
+        if tuple(known_report) != (scenario, content_hash):
+            raise ReefError(409, f"report {report_id} exists with other content", param="report_id",
+                            code="report_id_conflict")
+        return ReportReceipt(report_id=report_id, agent_record_ids=record_ids, duplicate=True)
+    st.inflight_reports.begin(report_id, scenario, content_hash)
+    durable = False
+    try:
+        await st.store.append_report(Report(
+            report_id=report_id, scenario=scenario, record_ids=record_ids, score=body.score,
+            feedback=body.feedback, metadata_json=orjson.dumps(body.metadata).decode(),
+            created_at=utcnow(), content_hash=content_hash,
+        ))
+        durable = True
+    finally:
+        st.inflight_reports.finish(report_id, durable)
+    st.metrics.reports.labels(scenario).inc()
+    return ReportReceipt(report_id=report_id, agent_record_ids=record_ids, duplicate=False)

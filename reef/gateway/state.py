@@ -1,0 +1,38 @@
+"""What the gateway's routers share; each router takes only what it uses from here."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+from reef.config import ServeConfig
+from reef.gateway.inflight import InFlight
+from reef.gateway.metrics import GatewayMetrics
+from reef.gateway.routing import Routes
+from reef.gateway.sessions import SessionIndex
+from reef.gateway.upstream import Upstream
+
+if TYPE_CHECKING:
+    from reef.engine.supervisor import EngineSupervisor
+    from reef.experience.store import ExperienceStore
+
+
+@dataclass
+class GatewayState:
+    config: ServeConfig
+    store: ExperienceStore
+    upstream: Upstream
+    routes: Routes
+    engine: EngineSupervisor | None = None
+    sessions: SessionIndex = field(default_factory=SessionIndex)
+    inflight: InFlight = field(default_factory=InFlight)
+    inflight_reports: InFlight = field(default_factory=InFlight)
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    started_at: float = field(default_factory=time.time)
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.reef

@@ -1,0 +1,382 @@
+"""Build Reef's embedded default model: a tiny Qwen2 chat model trained from scratch on CPU.
+
+No model can be downloaded where Reef must run out of the box, so the default model is built
+locally: a byte-level BPE tokenizer and a ~1M-parameter Qwen2 trained for a couple of minutes on
+`reef.model.corpus`. It speaks ChatML, stops at `<|im_end|>`, is served by vLLM like any HF model,
+and is deliberately weak on the demo task (see `reef.demo.task`) so the learning loop has
+something to show.
+
+    python -m reef.model.tiny --out data/models/tiny --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tqdm import tqdm
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
+
+from reef.demo import task as demo
+from reef.model.corpus import Chat, Corpus, Stage, build_corpus
+
+DEFAULT_OUT = Path("data/models/tiny")
+METADATA_FILE = "reef-model.json"
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+# ChatML as Qwen writes it, minus the default system prompt: a request without a system message
+# must render exactly the messages it sent, so recorded prompt token ids match what was served.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+VOCAB_SIZE = 1024
+MODEL_CONFIG: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,  # head_dim 64: a size every vLLM attention backend supports
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+}
+DEFAULT_STEPS = 800
+BATCH_SIZE = 32
+LEARNING_RATE = 3e-3
+MAX_DOC_TOKENS = 128
+EVAL_SAMPLES_PER_TASK = 4
+LEARN_SHARE = 0.5
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+
+def train_tokenizer(corpus: Corpus, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    # Exactly the pipeline `Qwen2Tokenizer` rebuilds on load (and AutoTokenizer picks that class
+    # for a qwen2 config, in vLLM too): any other pipeline would tokenize served text differently
+    # from training text. Its regex also keeps every digit a token of its own, which arithmetic likes.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        # Every byte stays encodable, so any text a client sends tokenizes (no unknown token).
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.tokenizer_texts(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerFast, chat: Chat) -> tuple[list[int], list[int]]:
+    """Token ids of the ChatML rendering and labels that train only assistant replies (and their
+    `<|im_end|>`, so the model learns to stop); prompts are context, not targets."""
+    ids: list[int] = []
+    labels: list[int] = []
+    for message in chat:
+        header = tokenizer.encode(f"{IM_START}{message['role']}\n", add_special_tokens=False)
+        body = tokenizer.encode(f"{message['content']}{IM_END}", add_special_tokens=False)
+        newline = tokenizer.encode("\n", add_special_tokens=False)
+        target = message["role"] == "assistant"
+        ids += header + body + newline
+        labels += [-100] * len(header) + (body if target else [-100] * len(body)) + [-100] * len(newline)
+    return ids, labels
+
+
+Doc = tuple[list[int], list[int]]
+
+
+def encode_stage(tokenizer: PreTrainedTokenizerFast, stage: Stage) -> list[Doc]:
+    docs = [encode_chat(tokenizer, chat) for chat in stage.chats]
+    eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    for text in stage.texts:
+        ids = tokenizer.encode(text, add_special_tokens=False) + [eot]
+        docs.append((ids, ids))
+    return [(ids[:MAX_DOC_TOKENS], labels[:MAX_DOC_TOKENS]) for ids, labels in docs]
+
+
+# --- training ----------------------------------------------------------------------------------
+
+
+def _batches(docs: list[Doc], steps: int, seed: int, pad_id: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Padded (input_ids, attention_mask, labels) batches in a seeded order, epoch after epoch."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(steps):
+        if len(order) < BATCH_SIZE:
+            fresh = list(range(len(docs)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch = [docs[i] for i in order[:BATCH_SIZE]]
+        del order[:BATCH_SIZE]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, labs) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(labs)] = torch.tensor(labs)
+            mask[row, : len(ids)] = 1
+        yield input_ids, mask, labels
+
+
+def _lr_at(step: int, steps: int) -> float:
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return LEARNING_RATE * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return LEARNING_RATE * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def stage_steps(steps: int, stages: int) -> list[int]:
+    """Steps per stage: the first stage gets LEARN_SHARE, the rest split what is left."""
+    first = round(steps * LEARN_SHARE) if stages > 1 else steps
+    rest = [(steps - first) // max(1, stages - 1)] * (stages - 1)
+    if rest:
+        rest[-1] += steps - first - sum(rest)
+    return [first, *rest]
+
+
+def train(
+    model: Qwen2ForCausalLM,
+    stages: list[list[Doc]],
+    steps: int,
+    seed: int,
+    pad_id: int,
+    progress: bool = True,
+) -> float:
+    """Plain AdamW, one warmup + cosine schedule over all stages in turn; returns the mean loss of
+    the last 50 steps."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01, betas=(0.9, 0.98))
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(total=steps, desc="training tiny model", disable=not progress, file=sys.stderr, mininterval=1.0)
+    batches = itertools.chain.from_iterable(
+        _batches(docs, n, seed * 1000 + i, pad_id)
+        for i, (docs, n) in enumerate(zip(stages, stage_steps(steps, len(stages)), strict=True))
+    )
+    for step, (input_ids, mask, labels) in enumerate(batches):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, steps)
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        bar.update(1)
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    bar.close()
+    model.eval()
+    tail = losses[-50:]
+    return sum(tail) / max(1, len(tail))
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate_replies(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    conversations: Sequence[Chat],
+    *,
+    temperature: float,
+    samples: int = 1,
+    max_new_tokens: int = 12,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> list[list[str]]:
+    """`samples` replies per conversation with plain transformers `generate` (temperature 0 is
+    greedy); no top-k/top-p, so temperature 1 samples the model's own distribution like vLLM."""
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+    sampling = temperature > 0
+    replies: list[list[str]] = []
+    for start in range(0, len(prompts), batch_size):
+        batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+        out = model.generate(
+            **batch,
+            max_new_tokens=max_new_tokens,
+            do_sample=sampling,
+            temperature=temperature if sampling else None,
+            top_k=0 if sampling else None,
+            top_p=1.0 if sampling else None,
+            num_return_sequences=samples,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+        replies += [texts[i : i + samples] for i in range(0, len(texts), samples)]
+    return replies
+
+
+def success_rate(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    tasks: Sequence[demo.Task],
+    *,
+    temperature: float,
+    samples: int = 1,
+    seed: int = 0,
+) -> float:
+    """Mean `demo.score` over `samples` replies per task."""
+    replies = generate_replies(
+        model, tokenizer, [t.messages for t in tasks], temperature=temperature, samples=samples, seed=seed
+    )
+    scores = [demo.score(t, r) for t, rs in zip(tasks, replies, strict=True) for r in rs]
+    return sum(scores) / len(scores)
+
+
+# --- build -------------------------------------------------------------------------------------
+
+
+def weights_sha256(model_dir: Path) -> str:
+    return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+
+
+def build_tiny(
+    out_dir: Path,
+    seed: int = 0,
+    progress: bool = True,
+    *,
+    steps: int = DEFAULT_STEPS,
+    evaluate: bool = True,
+) -> Path:
+    """Train tokenizer + model for `seed` and save both (plus `reef-model.json`) into `out_dir`.
+
+    Deterministic for a seed on a given machine: seeded corpus, data order and init, and a fixed
+    single thread (thread count changes float reduction order; one thread is also the fastest for
+    a model this small).
+    """
+    started = time.monotonic()
+    out_dir = Path(out_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        corpus = build_corpus(seed)
+        tokenizer = train_tokenizer(corpus)
+        stages = [encode_stage(tokenizer, stage) for stage in corpus.stages]
+        im_end = tokenizer.convert_tokens_to_ids(IM_END)
+        pad = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+        config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            bos_token_id=pad,
+            eos_token_id=im_end,
+            pad_token_id=pad,
+            **MODEL_CONFIG,
+        )
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        final_loss = train(model, stages, steps, seed, pad, progress)
+        # eos only, no sampling defaults: vLLM turns generation_config values into request defaults.
+        model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=im_end, pad_token_id=pad)
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.padding_side = "left"
+        tokenizer.save_pretrained(out_dir)
+        train_seconds = time.monotonic() - started
+
+        evals: dict[str, float] = {}
+        if evaluate:
+            held_out, train_set = demo.eval_tasks(), demo.train_tasks(seed)
+            evals = {
+                "heldout_success_temp1": success_rate(
+                    model, tokenizer, held_out, temperature=1.0, samples=EVAL_SAMPLES_PER_TASK, seed=seed
+                ),
+                "heldout_success_greedy": success_rate(model, tokenizer, held_out, temperature=0.0),
+                "train_success_temp1": success_rate(
+                    model, tokenizer, train_set, temperature=1.0, samples=EVAL_SAMPLES_PER_TASK, seed=seed
+                ),
+            }
+        metadata = {
+            "name": "reef-tiny",
+            "seed": seed,
+            "steps": steps,
+            "batch_size": BATCH_SIZE,
+            "learning_rate": LEARNING_RATE,
+            "final_loss": round(final_loss, 4),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab_size": len(tokenizer),
+            "config": MODEL_CONFIG,
+            "corpus_sha256": corpus.sha256(),
+            "corpus_documents": {s.name: len(d) for s, d in zip(corpus.stages, stages, strict=True)},
+            "weights_sha256": weights_sha256(out_dir),
+            "train_seconds": round(train_seconds, 1),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "eval": {k: round(v, 4) for k, v in evals.items()},
+            "eval_samples_per_task": EVAL_SAMPLES_PER_TASK,
+            "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+        }
+        (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    finally:
+        torch.set_num_threads(threads)
+    if progress:
+        print(_summary(out_dir, metadata), file=sys.stderr)
+    return out_dir
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def _summary(out_dir: Path, meta: dict[str, Any]) -> str:
+    evals = meta["eval"]
+    line = (
+        f"built {out_dir}: {meta['parameters'] / 1e6:.2f}M params, loss {meta['final_loss']}, "
+        f"{meta['build_seconds']}s"
+    )
+    if evals:
+        line += (
+            f"; held-out success temp1 {evals['heldout_success_temp1']:.1%}, "
+            f"greedy {evals['heldout_success_greedy']:.1%} (train temp1 {evals['train_success_temp1']:.1%})"
+        )
+    return line
+
+
+def main_build_tiny(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="reef model build-tiny", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=argparse.SUPPRESS)
+    parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    build_tiny(args.out, args.seed, progress=not args.quiet, steps=args.steps, evaluate=not args.no_eval)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_build_tiny())

@@ -1,0 +1,68 @@
+"""`ServeProcess`: a `reef serve` running as a child process (used by the demo, tests and benches)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from reef.engine.supervisor import free_port
+
+
+class ServeProcess:
+    def __init__(self, workdir: Path, args: list[str] | None = None, env: dict[str, str] | None = None,
+                 port: int | None = None):
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.args = args or []
+        self.env = env or {}
+        self.port = port or free_port()
+        self.log_path = workdir / "reef-serve.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 600.0) -> ServeProcess:
+        """Starts the server and waits until `/healthz` says the engine is up."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "reef.cli", "serve", "--data-dir", str(self.data_dir),
+                 "--port", str(self.port), *self.args],
+                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"reef serve exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"reef serve not healthy after {timeout_s} s; see {self.log_path}")
+
+    def stop(self, timeout_s: float = 120.0) -> int:
+        """SIGTERM, as Ctrl-C would; returns the exit code."""
+        if self.process is None:
+            return 0
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=timeout_s)
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no chance to flush or clean up."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None

@@ -1,0 +1,100 @@
+"""`reef serve`: wires the engine supervisor, the experience store and the gateway together.
+
+Order matters for a clean shutdown: the gateway stops taking requests first, then the store
+flushes what it holds, then vLLM goes down. SIGTERM behaves like Ctrl-C at every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import polars as pl
+import uvicorn
+
+from reef.config import DEFAULT_TINY_MODEL, ServeConfig
+from reef.engine.supervisor import EngineSupervisor
+from reef.experience.store import ExperienceStore
+from reef.gateway.app import create_app
+from reef.gateway.routing import Routes
+from reef.gateway.sessions import SessionIndex
+from reef.gateway.state import GatewayState
+from reef.gateway.upstream import Upstream
+
+log = logging.getLogger("reef.serve")
+
+
+def ensure_default_model(config: ServeConfig) -> None:
+    """The embedded tiny model is built on first use; any other model is the user's to provide."""
+    if config.model is not None or (DEFAULT_TINY_MODEL / "config.json").exists():
+        return
+    from reef.model.tiny import build_tiny
+
+    log.warning("no model configured and %s is missing: building the embedded tiny model", DEFAULT_TINY_MODEL)
+    build_tiny(DEFAULT_TINY_MODEL, seed=config.seed)
+
+
+def seed_sessions(index: SessionIndex, data_dir: Path) -> None:
+    """Rebuild session stitching from stored records, so conversations survive a restart."""
+    shards = list((data_dir / "experience").glob("*/records/*.parquet"))
+    if not shards:
+        return
+    frame = (
+        pl.scan_parquet([str(p) for p in shards])
+        .select("gen_ai.conversation.id", "reply_hashes")
+        .collect()
+    )
+    for session_id, hashes in frame.iter_rows():
+        index.add(list(hashes or ()), session_id)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(config: ServeConfig) -> None:
+    # Until uvicorn installs its own handlers, SIGTERM must unwind through the `finally` below.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    data_dir = Path(config.data_dir)
+    engine: EngineSupervisor | None = None
+    store = ExperienceStore(data_dir, config.store)
+    try:
+        if config.upstream.url:
+            base_url = config.upstream.url
+        else:
+            ensure_default_model(config)
+            engine = EngineSupervisor(config, data_dir / "logs" / "vllm.log")
+            log.info("starting vLLM for %s", config.model_path)
+            base_url = engine.start()
+            log.info("vLLM healthy at %s after %.1f s", base_url, engine.startup_s or 0)
+        store.open()
+        state = GatewayState(
+            config=config, store=store, engine=engine,
+            upstream=Upstream(base_url, config.upstream.api_key, config.request_timeout_s),
+            routes=Routes(config.model_name),
+        )
+        seed_sessions(state.sessions, data_dir)
+        app = create_app(state)
+        server = uvicorn.Server(uvicorn.Config(
+            app, host=config.host, port=config.port, log_level="warning", access_log=False,
+            timeout_graceful_shutdown=30,
+        ))
+        print(f"reef: serving {config.model_name} on http://{config.host}:{config.port} (data in {data_dir})",
+              flush=True)
+        asyncio.run(_run(server, state))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+        if engine is not None:
+            engine.stop()
+        print("reef: stopped", flush=True)
+
+
+async def _run(server: uvicorn.Server, state: GatewayState) -> None:
+    try:
+        await server.serve()
+    finally:
+        await state.upstream.aclose()

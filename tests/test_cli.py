@@ -1,0 +1,75 @@
+"""The `reef` command line: config resolution, exit codes, and the helpers against a live gateway."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import MODEL_NAME, Gateway
+
+
+def reef(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REEF_")}
+    return subprocess.run([sys.executable, "-m", "reef.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**clean, **(env or {})}, timeout=120)
+
+
+def test_print_config_precedence(tmp_path: Path) -> None:
+    (tmp_path / "serve.yaml").write_text("port: 9001\nhost: 127.0.0.3\nengine:\n  max_model_len: 512\n")
+    out = reef("serve", "--print-config", "--host", "127.0.0.5", cwd=tmp_path,
+               env={"REEF_PORT": "9002", "REEF_DATA_DIR": "/tmp/reef-x", "REEF_ADMIN_TOKEN": "s3cret"})
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert lines["host"] == '"127.0.0.5"  # cli'
+    assert lines["port"] == "9001  # file:serve.yaml"
+    assert lines["data_dir"] == '"/tmp/reef-x"  # env'
+    assert lines["engine.max_model_len"] == "512  # file:serve.yaml"
+    assert lines["engine.dtype"] == '"bfloat16"  # default'
+    assert lines["admin_token"] == '"***"  # env', "secrets are never printed"
+
+
+def test_invalid_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("engine:\n  max_len: 512\n")
+    out = reef("serve", "-c", str(tmp_path / "bad.yaml"), cwd=tmp_path)
+    assert out.returncode == 2 and "engine.max_len" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "bad2.yaml").write_text("port: high\n")
+    out = reef("serve", "-c", str(tmp_path / "bad2.yaml"), cwd=tmp_path)
+    assert out.returncode == 2 and "port" in out.stderr
+    out = reef("serve", "--print-config", cwd=tmp_path, env={"REEF_STORE__FSYNC": "maybe"})
+    assert out.returncode == 2 and "store.fsync" in out.stderr
+    out = reef("serve", "-c", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert out.returncode == 2 and "not found" in out.stderr
+
+
+def test_report_status_and_tail(gateway: Gateway) -> None:
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "What is 4 + 4?"}], max_tokens=6)
+    record_id = raw.headers["x-reef-agent-record-id"]
+    out = reef("report", record_id, "--score", "0.9", "--url", gateway.url)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("rep_")
+    bad = reef("report", record_id, "--score", "nan", "--url", gateway.url)
+    assert bad.returncode == 2 and "finite" in bad.stderr
+    unknown = reef("report", "rec_nope", "--score", "1", "--url", gateway.url)
+    assert unknown.returncode == 2 and "404" in unknown.stderr
+    status = reef("status", "--url", gateway.url)
+    assert status.returncode == 0 and "default" in status.stdout
+    httpx.post(f"{gateway.url}/reef/status")  # any flush is driven by time; wait for the record to land
+    import time
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        tail = reef("records", "tail", "--data-dir", str(gateway.data_dir), "-n", "50")
+        if record_id in tail.stdout:
+            break
+        time.sleep(1)
+    assert tail.returncode == 0 and record_id in tail.stdout
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    out = reef("status", "--url", "http://127.0.0.1:9")
+    assert out.returncode == 1 and "cannot reach" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,54 @@
+"""`reef serve` managing its own vLLM: starts it, serves through it, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+
+from reef.engine.supervisor import free_port
+from tests.conftest import MODEL_NAME
+
+
+def test_managed_vllm_lifecycle(tiny_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REEF_")}
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reef.cli", "serve", "--model", str(tiny_model), "--port", str(port),
+         "--data-dir", str(tmp_path / "data")],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env={**env, "REEF_SERVED_MODEL_NAME": MODEL_NAME},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        status = httpx.get(f"{url}/reef/status").json()
+        engine = status["engine"]
+        assert engine["managed"] is True and engine["alive"] is True and engine["healthy"] is True
+        assert not engine["url"].endswith(f":{port}"), "vLLM listens on a private port of its own"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
+        reply = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=4)
+        assert reply.choices[0].message.content is not None
+        vllm = psutil.Process(engine["pid"])
+        family = [vllm, *vllm.children(recursive=True)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    assert code == 0
+    gone, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"vLLM processes left behind: {alive}"
