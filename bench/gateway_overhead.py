@@ -71,13 +71,18 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--upstream", help="use this running vLLM (serving reef-tiny) instead of starting one")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
     args = parser.parse_args()
 
-    config = ServeConfig(model=str(TINY), served_model_name=MODEL_NAME, data_dir=REPO / "data")
-    engine = EngineSupervisor(config, REPO / "data" / "logs" / "bench-vllm.log")
-    with console.status("starting vLLM..."):
-        vllm_url = engine.start()
+    engine = None
+    if args.upstream:
+        vllm_url = args.upstream
+    else:
+        config = ServeConfig(model=str(TINY), served_model_name=MODEL_NAME, data_dir=REPO / "data")
+        engine = EngineSupervisor(config, REPO / "data" / "logs" / "bench-vllm.log")
+        with console.status("starting vLLM..."):
+            vllm_url = engine.start()
     import tempfile
 
     gw = Gateway(Path(tempfile.mkdtemp(prefix="reef-bench-")), vllm_url).start()
@@ -111,7 +116,8 @@ def main() -> int:
             results[mode]["added_p99_ms"] = results[mode]["gateway_p99_ms"] - results[mode]["direct_p99_ms"]
     finally:
         gw.stop()
-        engine.stop()
+        if engine is not None:
+            engine.stop()
 
     table = Table(title=f"gateway overhead: {args.clients} clients x {args.tokens} tokens, {args.rounds} rounds")
     for col in ("mode", "direct tok/s", "gateway tok/s", "ratio (>=0.95)", "added p50 ms (<=2)", "added p99 ms"):

@@ -150,7 +150,8 @@ def run(args: argparse.Namespace, root: Path) -> None:
 
     console.print(results)
     notes.append("async and sync run with the background flusher at its defaults: its CPU counts against them")
-    notes.append("CPU µs/record: process CPU time (all threads) per record; 2 cores / it = the unloaded ceiling")
+    notes.append("CPU µs/record: process CPU time (all threads, flusher included) per record: steadier than "
+                 "records/s when other work shares the cores")
     for note in notes:
         console.print(f"  {note}")
 

@@ -290,3 +290,11 @@ def test_reads_never_miss_while_flushing(tmp_path: Path) -> None:
         thread.join()
         assert len(parquet_files(tmp_path)) >= 2  # the flusher did run meanwhile
     assert not misses
+
+
+def test_rows_arrow_rejects_still_convert() -> None:
+    report = make_report("rep_x", ["rec_1"], 0.5)
+    good = report.model_dump_json(by_alias=True).encode()
+    odd = good.replace(b'"score":0.5', b'"score":"0.5"')  # the model reads it, arrow's parser does not
+    assert odd != good
+    assert shards.rows_to_arrow("reports", [odd]).equals(shards.rows_to_arrow("reports", [good]))

@@ -157,8 +157,8 @@ async def chat_completions(request: Request) -> Response:
     st.inflight.begin(record_id, scenario, body_hash)
     try:
         if stream:
-            lines = await st.upstream.stream_chat(up_body)
-            relay = _relay(st, exchange, lines, wants, started)
+            batches = await st.upstream.stream_chat(up_body)
+            relay = _relay(st, exchange, batches, wants, started)
             return StreamingResponse(relay, media_type="text/event-stream", headers=_stream_headers(record_id))
         upstream_response = await st.upstream.chat(up_body)
         exchange.latency_ms = (time.perf_counter() - started) * 1000
@@ -192,26 +192,32 @@ async def _commit(st: GatewayState, record: Record) -> None:
 
 
 async def _relay(
-    st: GatewayState, ex: Exchange, lines: AsyncIterator[bytes], wants: ClientWants, started: float
+    st: GatewayState, ex: Exchange, batches: AsyncIterator[list[bytes]], wants: ClientWants, started: float
 ) -> AsyncIterator[bytes]:
     acc = StreamAccumulator()
     client_model = ex.request_model
     committing = False
     try:
-        async for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            chunk = orjson.loads(data)
-            if "error" in chunk:  # the engine failed mid-stream: pass its error on as it is
-                yield _sse(chunk)
-                continue
-            acc.feed(chunk)
-            out = for_client(chunk, wants, client_model)
-            if out is not None:
-                yield _sse(out)
+        done = False
+        async for lines in batches:
+            out = []
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]" or done:
+                    done = True
+                    continue
+                chunk = orjson.loads(data)
+                if "error" in chunk:  # the engine failed mid-stream: pass its error on as it is
+                    out.append(_sse(chunk))
+                    continue
+                acc.feed(chunk)
+                relayed = for_client(chunk, wants, client_model)
+                if relayed is not None:
+                    out.append(_sse(relayed))
+            if out:
+                yield b"".join(out)
         committing = True
         await _commit(st, _stream_record(ex, acc, wants, started))
         st.metrics.latency.labels(ex.scenario).observe(time.perf_counter() - started)
@@ -222,7 +228,7 @@ async def _relay(
             # The client went away (or the engine broke) mid-stream: what was generated is still
             # experience, so record it in the background; the client never got a receipt for it.
             task = asyncio.get_running_loop().create_task(
-                _commit_quietly(st, _stream_record(ex, acc, wants, started))
+                _abandon(st, batches, _stream_record(ex, acc, wants, started))
             )
             _background.add(task)
             task.add_done_callback(_background.discard)
@@ -240,8 +246,10 @@ def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, sta
     return build_record(ex, full, client)
 
 
-async def _commit_quietly(st: GatewayState, record: Record) -> None:
+async def _abandon(st: GatewayState, batches: AsyncIterator[list[bytes]], record: Record) -> None:
+    """Close the upstream stream of an aborted relay and keep what it produced."""
     try:
+        await batches.aclose()  # type: ignore[attr-defined]
         await _commit(st, record)
     except Exception:  # already logged by the store; the stream had failed anyway
         st.inflight.finish(record.record_id, False)

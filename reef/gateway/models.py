@@ -12,5 +12,5 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
-    upstream = await get_state(request).upstream.get("/v1/models")
-    return Response(upstream.content, status_code=upstream.status_code, media_type="application/json")
+    status, content = await get_state(request).upstream.get("/v1/models")
+    return Response(content, status_code=status, media_type="application/json")

@@ -1,0 +1,24 @@
+"""SSE framing of the upstream stream: only b"\\n" ends a line."""
+
+from __future__ import annotations
+
+import orjson
+
+from reef.gateway.upstream import split_lines
+
+
+def test_unicode_line_separators_stay_inside_an_event() -> None:
+    event = b"data: " + orjson.dumps({"choices": [{"delta": {"content": "a\u2028b\x85c\u2029d"}}]}) + b"\n\n"
+    lines, rest = split_lines(b"", event)
+    assert rest == b""
+    assert len(lines) == 1
+    assert orjson.loads(lines[0][5:])["choices"][0]["delta"]["content"] == "a\u2028b\x85c\u2029d"
+
+
+def test_events_split_across_reads() -> None:
+    stream = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+    got, pending = [], b""
+    for i in range(0, len(stream), 5):
+        lines, pending = split_lines(pending, stream[i : i + 5])
+        got.extend(lines)
+    assert got == [b'data: {"a": 1}', b'data: {"b": 2}', b"data: [DONE]"] and pending == b""
