@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--url", default=DEFAULT_URL)
 
     simulate = sub.add_parser("simulate", help="play the demo task's users through the gateway")
-    simulate.add_argument("--scenario", default="demo")
+    simulate.add_argument("--scenario", default="demo-add")
     simulate.add_argument("--requests", type=int, default=200)
     simulate.add_argument("--concurrency", type=int, default=8)
     simulate.add_argument("--url", default=DEFAULT_URL)

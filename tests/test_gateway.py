@@ -331,3 +331,21 @@ def test_experience_readable_by_datasets_and_polars(gateway: Gateway) -> None:
     joined = load("readers", gateway.data_dir).lazy().collect()
     assert set(joined["record_id"]) == ids and joined["score"].to_list() == [1.0, 1.0, 1.0]
     assert load("readers", gateway.data_dir).to_dataset().num_rows == 3
+
+
+def test_client_disconnect_mid_stream_still_records(gateway: Gateway) -> None:
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json={
+            "model": MODEL_NAME, "messages": HELLO, "max_tokens": 200, "ignore_eos": True, "stream": True,
+        }) as resp:
+            record_id = resp.headers["x-reef-agent-record-id"]
+            next(resp.iter_bytes())  # one event, then hang up
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = httpx.get(f"{gateway.url}/reef/records/{record_id}")
+        if found.status_code == 200:
+            break
+        time.sleep(0.2)
+    assert found.status_code == 200, "what was generated before the hang-up is experience too"
+    rec = found.json()
+    assert rec["stream"] is True and len(rec["choices"][0]["token_ids"]) < 200

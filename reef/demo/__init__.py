@@ -1,0 +1,1 @@
+"""The bundled demo task (`reef.demo.task`): single-digit addition with a programmatic verifier."""

@@ -1,0 +1,1 @@
+"""The embedded default model: a tiny Qwen2 built from scratch on CPU (`reef.model.tiny`)."""

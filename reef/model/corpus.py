@@ -1,20 +1,24 @@
 """Local training text for the embedded tiny model, generated in code (nothing is downloaded).
 
-Three kinds of documents, all from one seeded RNG so a seed gives byte-identical text:
+Three kinds of documents, all drawn from one seeded RNG, so a seed gives byte-identical text:
 - simple English sentences (plain text), so the model's vocabulary and output look like language;
 - short assistant chats (greetings, colours, animals, small facts), so any chat gets a sane reply;
-- the demo task (`reef.demo.task`) answered by a *noisy teacher*.
+- the demo task (`reef.demo.task`), in two stages.
 
-Why the teacher is noisy: the base model has to be weak on the demo task (<= 30% held-out
-success) yet learnable by RL from its own samples. A model that never produces a right answer
-gives RL no reward to reinforce (GRPO from scratch collapses), and one trained on clean answers
-leaves nothing to learn. So the warm start teaches the answer *format* everywhere and the right
-*sum* only a quarter of the time; half the time the teacher is off by one (a systematic mistake,
-which keeps greedy decoding wrong too) and otherwise it says some other number. Sampling at
-temperature 1 then hits the right answer ~20-25% of the time, and rejection sampling / RL only
-has to shift probability mass the model already has onto the right mode. Held-out pairs are in
-this warm start (with the same noisy answers) but never in RL traffic: what must generalise to
-them is the shift, not the arithmetic.
+Why two stages and a noisy teacher: the base model has to be *weak* on the demo task (<= 30%
+held-out success at temperature 1) yet *learnable* by RL from its own samples. A model that never
+samples a right answer gives RL no reward to reinforce (GRPO from scratch collapses); one trained
+on clean answers leaves nothing to learn.
+- Stage "learn" answers the task correctly, so the model learns the sums. Learning them straight
+  from a noisy teacher took far longer than a couple of CPU minutes: most labels point elsewhere.
+- Stage "calibrate" answers with a noisy teacher: right 15% of the time, off by one (+1) 65%, some
+  other number 20%. The systematic +1 keeps greedy decoding mostly wrong too, while the sums stay
+  represented in the model. Sampling at temperature 1 then hits the right answer ~20% of the time
+  (a little of stage "learn" remains), and RL / rejection sampling only has to move probability the
+  model already has onto the right mode: in a check, rejection-sampling fine-tuning on train prompts
+  took held-out success from 20% to 87% in one round (6 s) and ~100% in four (40 s) on CPU.
+Held-out pairs are in this warm start like every pair, but never in RL traffic: what must
+generalise to them is the shift from +1 to the right sum, not the arithmetic.
 """
 
 from __future__ import annotations
@@ -26,36 +30,76 @@ from dataclasses import dataclass, field
 
 from reef.demo import task as demo
 
-TEACHER_ACCURACY = 0.25
-TEACHER_OFF_BY_ONE = 0.5  # the rest is a uniformly random wrong number
+TEACHER_ACCURACY = 0.15
+TEACHER_OFF_BY_ONE = 0.65  # the rest is a uniformly random wrong number
 # Copies of each of the 400 prompts per stage; in "calibrate" they are independent teacher draws,
-# so the model sees each prompt's answer mixture rather than one fixed wrong answer.
+# so the model sees each prompt's mix of answers rather than one fixed wrong answer.
 TASK_COPIES_LEARN = 6
-TASK_COPIES_CALIBRATE = 8
+TASK_COPIES_CALIBRATE = 12
+# (general chats, plain texts) per stage: English runs through both stages so it is not forgotten.
+GENERAL_PER_STAGE = {"learn": (800, 400), "calibrate": (1600, 800)}
 
 Chat = list[dict[str, str]]
 
-_ADJ = "big small red blue green old young happy quiet bright dark warm cold tall short kind".split()
-_NOUNS = "cat dog bird fish tree house car boat child teacher farmer river city garden ball book".split()
-_VERBS = "sees finds likes helps follows watches carries paints visits draws".split()
-_PLACES = "park school market forest beach kitchen library village road hill".split()
-_TIMES = "Today In the morning At night After lunch Every day On Sunday".split(" ")
+_ADJ = (
+    "big small red blue green old young happy quiet bright dark warm cold tall short kind brave "
+    "busy clever gentle funny little new slow fast soft loud clean"
+).split()
+_NOUNS = (
+    "cat dog bird fish tree house car boat child teacher farmer river city garden ball book horse "
+    "rabbit doctor baker friend mother father sister brother window door flower apple letter song"
+).split()
+_VERBS = "sees finds likes helps follows watches carries paints visits draws reads opens makes loves".split()
+_PLACES = "park school market forest beach kitchen library village road hill station lake farm shop".split()
+_TIMES = [
+    "Today",
+    "In the morning",
+    "At night",
+    "After lunch",
+    "Every day",
+    "On Sunday",
+    "In the summer",
+    "Before dinner",
+]
 _COLORS = {
-    "the sky": "blue", "grass": "green", "snow": "white", "a banana": "yellow", "coal": "black",
-    "a tomato": "red", "an orange": "orange", "a cloud": "white", "the sun": "yellow", "a leaf": "green",
+    "the sky": "blue",
+    "grass": "green",
+    "snow": "white",
+    "a banana": "yellow",
+    "coal": "black",
+    "a tomato": "red",
+    "an orange": "orange",
+    "a cloud": "white",
+    "the sun": "yellow",
+    "a leaf": "green",
+    "milk": "white",
+    "a strawberry": "red",
 }
-_SOUNDS = {"cow": "moo", "dog": "woof", "cat": "meow", "duck": "quack", "sheep": "baa", "owl": "hoot"}
+_SOUNDS = {
+    "cow": "moo",
+    "dog": "woof",
+    "cat": "meow",
+    "duck": "quack",
+    "sheep": "baa",
+    "owl": "hoot",
+    "horse": "neigh",
+    "bee": "buzz",
+}
 _FACTS = {
     "cats": "Cats are small animals. They like to sleep and play.",
     "dogs": "Dogs are loyal animals. They like to run and play.",
     "the sun": "The sun is a star. It gives us light and heat.",
     "water": "Water is a liquid. People and plants need it to live.",
-    "trees": "Trees are tall plants. They give us shade and air.",
+    "trees": "Trees are tall plants. They give us shade and clean air.",
     "the moon": "The moon goes around the earth. It shines at night.",
     "books": "Books hold stories and ideas. Reading them helps us learn.",
     "rain": "Rain is water that falls from clouds. It helps plants grow.",
+    "bees": "Bees are insects. They make honey and help flowers grow.",
+    "the sea": "The sea is large and salty. Many fish live in it.",
+    "music": "Music is made of sounds and rhythm. People sing and dance to it.",
+    "winter": "Winter is the coldest season. Sometimes it snows.",
 }
-_GREETINGS = ["Hello!", "Hi!", "Hi there.", "Good morning!", "Hey, how are you?"]
+_GREETINGS = ["Hello!", "Hi!", "Hi there.", "Good morning!", "Hey, how are you?", "Good evening."]
 _GREETING_REPLIES = [
     "Hello! How can I help you today?",
     "Hi! What can I do for you?",
@@ -68,7 +112,7 @@ _GENERAL_SYSTEM = "You are a helpful assistant."
 
 @dataclass
 class Stage:
-    """Documents trained on in one stage of the warm start, in a seeded order."""
+    """Documents trained on in one stage of the warm start (in a seeded order, by the trainer)."""
 
     name: str
     chats: list[Chat] = field(default_factory=list)
@@ -144,27 +188,15 @@ def task_chats(rng: random.Random, accuracy: float, copies: int) -> list[Chat]:
     return chats
 
 
-def _general(rng: random.Random, chats: int, texts: int) -> tuple[list[Chat], list[str]]:
-    return (
-        [general_chat(rng) for _ in range(chats)],
-        [" ".join(sentence(rng) for _ in range(rng.randint(1, 3))) for _ in range(texts)],
-    )
-
-
 def build_corpus(seed: int = 0) -> Corpus:
-    """The two-stage warm start (see the module docstring).
-
-    Stage "learn": the demo task with a correct teacher, so the model learns the sums; learning
-    them straight from the noisy teacher takes far longer than a couple of CPU minutes, since 3 of
-    4 labels point elsewhere. Stage "calibrate": the noisy teacher, which moves the model's reply
-    distribution to ~25% right / ~50% off by one while the sums stay represented inside it.
-    General English runs through both stages, so chat skills are neither lost nor overtrained.
-    """
+    """The two-stage warm start: "learn" (correct teacher), then "calibrate" (noisy teacher)."""
     rng = random.Random(seed)
-    learn = Stage("learn", task_chats(rng, 1.0, TASK_COPIES_LEARN), [])
-    calibrate = Stage("calibrate", task_chats(rng, TEACHER_ACCURACY, TASK_COPIES_CALIBRATE), [])
-    for stage, (chats, texts) in ((learn, (800, 400)), (calibrate, (1600, 800))):
-        more_chats, more_texts = _general(rng, chats, texts)
-        stage.chats += more_chats
-        stage.texts += more_texts
-    return Corpus([learn, calibrate])
+    stages = [
+        Stage("learn", task_chats(rng, 1.0, TASK_COPIES_LEARN)),
+        Stage("calibrate", task_chats(rng, TEACHER_ACCURACY, TASK_COPIES_CALIBRATE)),
+    ]
+    for stage in stages:
+        chats, texts = GENERAL_PER_STAGE[stage.name]
+        stage.chats += [general_chat(rng) for _ in range(chats)]
+        stage.texts += [" ".join(sentence(rng) for _ in range(rng.randint(1, 3))) for _ in range(texts)]
+    return Corpus(stages)

@@ -16,7 +16,9 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import random
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -26,10 +28,20 @@ from typing import Any
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tqdm import tqdm
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
 from reef.demo import task as demo
+from reef.model import corpus as corpus_mod
 from reef.model.corpus import Chat, Corpus, Stage, build_corpus
 
 DEFAULT_OUT = Path("data/models/tiny")
@@ -38,9 +50,11 @@ IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 # ChatML as Qwen writes it, minus the default system prompt: a request without a system message
 # must render exactly the messages it sent, so recorded prompt token ids match what was served.
+# Non-string content (an assistant turn that only has tool calls) renders as empty.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- set content = message['content'] if message['content'] is string else '' %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -54,12 +68,12 @@ MODEL_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 1024,
     "tie_word_embeddings": True,
 }
-DEFAULT_STEPS = 800
+DEFAULT_STEPS = 1000
 BATCH_SIZE = 32
 LEARNING_RATE = 3e-3
 MAX_DOC_TOKENS = 128
-EVAL_SAMPLES_PER_TASK = 4
-LEARN_SHARE = 0.5
+EVAL_SAMPLES_PER_TASK = 16
+LEARN_SHARE = 0.4  # of the steps for stage "learn"; the rest calibrate
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
@@ -205,8 +219,8 @@ def train(
 
 @torch.no_grad()
 def generate_replies(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     conversations: Sequence[Chat],
     *,
     temperature: float,
@@ -241,8 +255,8 @@ def generate_replies(
 
 
 def success_rate(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     tasks: Sequence[demo.Task],
     *,
     temperature: float,
@@ -261,7 +275,33 @@ def success_rate(
 
 
 def weights_sha256(model_dir: Path) -> str:
-    return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def check_tokenizer_roundtrip(saved: Path, trained: PreTrainedTokenizerFast, corpus: Corpus) -> None:
+    """Fail the build if the tokenizer as loaded from disk (what vLLM and TRL will use) encodes
+    differently from the one the model was trained with."""
+    loaded = AutoTokenizer.from_pretrained(saved)
+    samples = [stage.chats[i] for stage in corpus.stages for i in range(0, len(stage.chats), 97)]
+    for chat in samples:
+        text = trained.apply_chat_template(chat, tokenize=False)
+        if loaded.apply_chat_template(chat, tokenize=False) != text:
+            raise RuntimeError(f"saved chat template renders differently: {text!r}")
+        if loaded.encode(text, add_special_tokens=False) != trained.encode(text, add_special_tokens=False):
+            raise RuntimeError(f"saved tokenizer ({type(loaded).__name__}) encodes differently: {text!r}")
+
+
+def evaluate_model(model_dir: Path, seed: int = 0, samples: int = EVAL_SAMPLES_PER_TASK) -> dict[str, float]:
+    """Demo-task success of a saved model with plain transformers: held-out at temperature 1
+    (`samples` per prompt) and greedy, and train prompts at temperature 1."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    held_out, train_set = demo.eval_tasks(), demo.train_tasks(seed)
+    return {
+        "heldout_success_temp1": success_rate(model, tokenizer, held_out, temperature=1.0, samples=samples, seed=seed),
+        "heldout_success_greedy": success_rate(model, tokenizer, held_out, temperature=0.0),
+        "train_success_temp1": success_rate(model, tokenizer, train_set, temperature=1.0, samples=1, seed=seed),
+    }
 
 
 def build_tiny(
@@ -276,10 +316,12 @@ def build_tiny(
 
     Deterministic for a seed on a given machine: seeded corpus, data order and init, and a fixed
     single thread (thread count changes float reduction order; one thread is also the fastest for
-    a model this small).
+    a model this small). The model is written to a sibling folder and moved into place at the
+    end, so an interrupted build never leaves a half-written model to be served.
     """
     started = time.monotonic()
     out_dir = Path(out_dir)
+    staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -289,11 +331,7 @@ def build_tiny(
         im_end = tokenizer.convert_tokens_to_ids(IM_END)
         pad = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
         config = Qwen2Config(
-            vocab_size=len(tokenizer),
-            bos_token_id=pad,
-            eos_token_id=im_end,
-            pad_token_id=pad,
-            **MODEL_CONFIG,
+            vocab_size=len(tokenizer), bos_token_id=pad, eos_token_id=im_end, pad_token_id=pad, **MODEL_CONFIG
         )
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
@@ -301,46 +339,42 @@ def build_tiny(
         # eos only, no sampling defaults: vLLM turns generation_config values into request defaults.
         model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=im_end, pad_token_id=pad)
 
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir, safe_serialization=True)
-        tokenizer.padding_side = "left"
-        tokenizer.save_pretrained(out_dir)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        check_tokenizer_roundtrip(staging, tokenizer, corpus)
         train_seconds = time.monotonic() - started
-
-        evals: dict[str, float] = {}
-        if evaluate:
-            held_out, train_set = demo.eval_tasks(), demo.train_tasks(seed)
-            evals = {
-                "heldout_success_temp1": success_rate(
-                    model, tokenizer, held_out, temperature=1.0, samples=EVAL_SAMPLES_PER_TASK, seed=seed
-                ),
-                "heldout_success_greedy": success_rate(model, tokenizer, held_out, temperature=0.0),
-                "train_success_temp1": success_rate(
-                    model, tokenizer, train_set, temperature=1.0, samples=EVAL_SAMPLES_PER_TASK, seed=seed
-                ),
-            }
+        evals = evaluate_model(staging, seed) if evaluate else {}
         metadata = {
             "name": "reef-tiny",
             "seed": seed,
             "steps": steps,
+            "stage_steps": dict(zip([s.name for s in corpus.stages], stage_steps(steps, len(stages)), strict=True)),
             "batch_size": BATCH_SIZE,
             "learning_rate": LEARNING_RATE,
             "final_loss": round(final_loss, 4),
             "parameters": sum(p.numel() for p in model.parameters()),
             "vocab_size": len(tokenizer),
             "config": MODEL_CONFIG,
+            "teacher": {"accuracy": corpus_mod.TEACHER_ACCURACY, "off_by_one": corpus_mod.TEACHER_OFF_BY_ONE},
             "corpus_sha256": corpus.sha256(),
             "corpus_documents": {s.name: len(d) for s, d in zip(corpus.stages, stages, strict=True)},
-            "weights_sha256": weights_sha256(out_dir),
+            "weights_sha256": weights_sha256(staging),
             "train_seconds": round(train_seconds, 1),
             "build_seconds": round(time.monotonic() - started, 1),
             "eval": {k: round(v, 4) for k, v in evals.items()},
             "eval_samples_per_task": EVAL_SAMPLES_PER_TASK,
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
-        (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+        (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out_dir)
     finally:
         torch.set_num_threads(threads)
+        shutil.rmtree(staging, ignore_errors=True)
     if progress:
         print(_summary(out_dir, metadata), file=sys.stderr)
     return out_dir
@@ -355,8 +389,7 @@ def _version(package: str) -> str:
 def _summary(out_dir: Path, meta: dict[str, Any]) -> str:
     evals = meta["eval"]
     line = (
-        f"built {out_dir}: {meta['parameters'] / 1e6:.2f}M params, loss {meta['final_loss']}, "
-        f"{meta['build_seconds']}s"
+        f"built {out_dir}: {meta['parameters'] / 1e6:.2f}M params, loss {meta['final_loss']}, {meta['build_seconds']}s"
     )
     if evals:
         line += (

@@ -1,0 +1,179 @@
+"""The embedded tiny model and the demo task: determinism, ChatML, loading, verifier, split, and
+that the default model is weak on the demo task yet learnable from its own samples."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from reef.demo import task as demo
+from reef.model import tiny
+from reef.model.corpus import build_corpus
+
+QUICK_STEPS = 30  # enough to exercise every stage; the weights are meaningless
+
+
+@pytest.fixture(scope="module")
+def quick_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny.build_tiny(tmp_path_factory.mktemp("tiny") / "a", seed=1, progress=False, steps=QUICK_STEPS)
+
+
+# --- build ---------------------------------------------------------------------------------------
+
+
+def test_same_seed_gives_identical_weights(quick_model: Path, tmp_path: Path) -> None:
+    again = tiny.build_tiny(tmp_path / "b", seed=1, progress=False, steps=QUICK_STEPS, evaluate=False)
+    other = tiny.build_tiny(tmp_path / "c", seed=2, progress=False, steps=QUICK_STEPS, evaluate=False)
+    assert tiny.weights_sha256(again) == tiny.weights_sha256(quick_model)
+    assert (again / "tokenizer.json").read_bytes() == (quick_model / "tokenizer.json").read_bytes()
+    assert tiny.weights_sha256(other) != tiny.weights_sha256(quick_model)
+
+
+def test_corpus_is_deterministic() -> None:
+    assert build_corpus(0).sha256() == build_corpus(0).sha256()
+    assert build_corpus(0).sha256() != build_corpus(1).sha256()
+
+
+def test_saved_files_and_metadata(quick_model: Path) -> None:
+    names = {p.name for p in quick_model.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
+    assert not list(quick_model.parent.glob(".*building*")), "staging folder left behind"
+    meta = json.loads((quick_model / tiny.METADATA_FILE).read_text())
+    assert meta["seed"] == 1 and meta["steps"] == QUICK_STEPS
+    assert meta["weights_sha256"] == tiny.weights_sha256(quick_model)
+    assert meta["corpus_sha256"] == build_corpus(1).sha256()
+    assert set(meta["eval"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
+
+
+def test_chat_template_renders_chatml(quick_model: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(quick_model)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # No default system prompt is injected, and no generation prompt unless asked for.
+    assert tok.apply_chat_template(messages[1:], tokenize=False) == "<|im_start|>user\nHi!<|im_end|>\n"
+    # Special tokens are single tokens; eos is <|im_end|>, which generation stops on.
+    ids = tok.encode("<|im_start|>user\nHi!<|im_end|>", add_special_tokens=False)
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    assert ids[-1] == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.pad_token == "<|endoftext|>"
+    assert GenerationConfig.from_pretrained(quick_model).eos_token_id == tok.eos_token_id
+    # The trainer's per-message encoding is exactly the tokenization of the rendered chat.
+    chat = [*demo.eval_tasks()[0].messages, {"role": "assistant", "content": "Answer: 3"}]
+    ids, labels = tiny.encode_chat(tok, chat)
+    assert ids == tok.encode(tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False)
+    trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
+    assert tok.decode(trained) == "Answer: 3<|im_end|>"
+
+
+def test_model_loads_and_generates(quick_model: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(quick_model)
+    model = AutoModelForCausalLM.from_pretrained(quick_model)
+    assert model.config.model_type == "qwen2"
+    assert model.config.eos_token_id == tok.eos_token_id
+    replies = tiny.generate_replies(model, tok, [demo.eval_tasks()[0].messages], temperature=1.0, samples=2)
+    assert len(replies) == 1 and len(replies[0]) == 2
+
+
+def test_cli_entry_point(tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    assert tiny.main_build_tiny(["--out", str(out), "--seed", "3", "--steps", "5", "--no-eval", "--quiet"]) == 0
+    assert json.loads((out / tiny.METADATA_FILE).read_text())["seed"] == 3
+
+
+# --- demo task -----------------------------------------------------------------------------------
+
+
+def test_verifier_scores() -> None:
+    task = demo.make_task(3, 4, 0)
+    assert task.answer == 7
+    assert task.messages[-1] == {"role": "user", "content": "What is 3 + 4?"}
+    assert demo.score(task, "Answer: 7") == 1.0
+    assert demo.score(task, "Sure. Answer:7\n") == 1.0
+    assert demo.score(task, "Answer: 8") == 0.0
+    assert demo.score(task, "Answer: 70") == 0.0
+    assert demo.score(task, "7") == 0.0  # the format is part of the task
+    assert demo.score(task, "Answer: 8. No wait, Answer: 7") == 0.0  # the first answer counts
+    assert demo.score(task, "") == 0.0
+    assert demo.score_shaped(task, "Answer: 7") == 1.0
+    assert 0.1 < demo.score_shaped(task, "Answer: 8") < demo.score_shaped(task, "Answer: 7")
+    assert demo.score_shaped(task, "Answer: 8") > demo.score_shaped(task, "Answer: 18") >= 0.1
+    assert demo.score_shaped(task, "seven") == 0.0
+
+
+def test_train_and_eval_are_disjoint_and_stable() -> None:
+    train, held_out = demo.train_tasks(0), demo.eval_tasks()
+    assert len(train) == 320 and len(held_out) == 80
+    pair = lambda t: tuple(t.task_id.split("-")[1:3])  # noqa: E731
+    assert not {pair(t) for t in train} & {pair(t) for t in held_out}
+    user_prompts = lambda ts: {t.messages[-1]["content"] for t in ts}  # noqa: E731
+    assert not user_prompts(train) & user_prompts(held_out)
+    assert len({t.task_id for t in train + held_out}) == 400
+    # The split never moves; a seed only reorders the train prompts.
+    assert [t.task_id for t in demo.eval_tasks()] == [t.task_id for t in held_out]
+    assert {t.task_id for t in demo.train_tasks(1)} == {t.task_id for t in train}
+    assert [t.task_id for t in demo.train_tasks(1)] != [t.task_id for t in train]
+    # Every held-out answer is also an answer some train prompt is rewarded for.
+    assert {t.answer for t in held_out} <= {t.answer for t in train}
+
+
+# --- the default model: weak, but learnable ------------------------------------------------------
+
+
+def _rejection_sampling_round(model, tok, tasks: list[demo.Task], seed: int) -> None:
+    """Sample 4 replies per train prompt, fine-tune on the correct ones (~2 epochs)."""
+    replies = tiny.generate_replies(model, tok, [t.messages for t in tasks], temperature=1.0, samples=4, seed=seed)
+    docs = [
+        tiny.encode_chat(tok, [*t.messages, {"role": "assistant", "content": r}])
+        for t, rs in zip(tasks, replies, strict=True)
+        for r in rs
+        if demo.score(t, r) == 1.0
+    ]
+    assert docs, "the base model never samples a right answer: RL would get no signal"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
+    rng = random.Random(seed)
+    model.train()
+    for _ in range(max(1, len(docs) // 8)):
+        batch = rng.sample(docs, min(16, len(docs)))
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i, _ in batch])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # several times faster for a model this small
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_default_model_is_weak_but_learnable(tiny_model: Path, one_thread: None) -> None:
+    meta = json.loads((tiny_model / tiny.METADATA_FILE).read_text())
+    assert meta["corpus_sha256"] == build_corpus(meta["seed"]).sha256(), (
+        f"{tiny_model} was built from another corpus: rebuild it (reef model build-tiny / dvc repro)"
+    )
+    base = tiny.evaluate_model(tiny_model, seed=0)
+    assert 0.05 <= base["heldout_success_temp1"] <= 0.30, base
+    assert base["heldout_success_greedy"] <= 0.30, base
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    for round_ in range(2):
+        _rejection_sampling_round(model, tok, demo.train_tasks(round_), seed=round_)
+    learned = tiny.success_rate(model, tok, demo.eval_tasks(), temperature=1.0, samples=4, seed=99)
+    assert learned >= 0.8, f"held-out success after 2 rounds of rejection sampling: {learned:.2f}"
