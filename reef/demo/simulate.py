@@ -93,8 +93,7 @@ async def simulate_async(
                                 summary, temperature)
             except (openai.APIError, httpx.HTTPError):
                 summary.errors += 1
-            bar.n = summary.requests
-            bar.refresh()
+            bar.update(summary.requests - bar.n)
 
     users = 0
     while users * (1 + follow_up_share) < requests:

@@ -42,7 +42,9 @@ class Upstream:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=self._timeout,
                 # The gateway multiplexes every client onto one pool: never let the pool be the limit.
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                # Shorter than uvicorn's 5 s keep-alive (vLLM's server): reusing a connection the
+                # server is closing for idleness fails the request.
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
             )
         return self._session
 
@@ -50,13 +52,28 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST a chat request; returns once response headers are in."""
+        data = orjson.dumps(body)
+        url = f"{self.base_url}/v1/chat/completions"
         try:
-            async with self._http().post(f"{self.base_url}/v1/chat/completions", data=orjson.dumps(body),
-                                         headers=_JSON) as resp:
-                content = await resp.read()
+            try:
+                return await self._http().post(url, data=data, headers=_JSON)
+            except aiohttp.ServerDisconnectedError:
+                # A pooled connection closed by the server as we reused it: the request was never
+                # read, so sending it again cannot run it twice.
+                return await self._http().post(url, data=data, headers=_JSON)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _unavailable(exc) from exc
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await self._post(body)
+        try:
+            content = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unavailable(exc) from exc
+        finally:
+            resp.release()
         if resp.status >= 400:
             raise UpstreamError(resp.status, content)
         return orjson.loads(content)
@@ -67,11 +84,7 @@ class Upstream:
         Yields the complete lines of each network read together: under load one read often holds
         several events, and relaying them as one write saves a trip through the ASGI stack each.
         """
-        try:
-            resp = await self._http().post(f"{self.base_url}/v1/chat/completions", data=orjson.dumps(body),
-                                           headers=_JSON)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _unavailable(exc) from exc
+        resp = await self._post(body)
         if resp.status >= 400:
             content = await resp.read()
             resp.release()
