@@ -6,6 +6,7 @@ Bad input exits with code 2 and a one-line message; an unreachable server exits 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -71,6 +72,20 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--feedback")
     report.add_argument("--scenario", default="default")
     report.add_argument("--url", default=DEFAULT_URL)
+
+    recipe = sub.add_parser("recipe", help="learning recipes").add_subparsers(dest="recipe_cmd", required=True)
+    run = recipe.add_parser("run", help="snapshot, train and evaluate one recipe (no DVC)")
+    run.add_argument("name", help="short name (rft) or reference (recipes.rft.recipe:RFT)")
+    run.add_argument("--params", type=Path, default=Path("params.yaml"))
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe param")
+    run.add_argument("--no-eval", action="store_true")
+    run.add_argument("--quiet", action="store_true")
+
+    learn = sub.add_parser("learn", help="run a learning round (snapshot -> train -> evaluate)")
+    learn.add_argument("--once", action="store_true", required=True, help="one round, by hand")
+    learn.add_argument("--params", type=Path, default=Path("params.yaml"))
+    learn.add_argument("--no-dvc", action="store_true", help="run the stages directly, not via dvc repro")
+    learn.add_argument("--quiet", action="store_true")
 
     simulate = sub.add_parser("simulate", help="play the demo task's users through the gateway")
     simulate.add_argument("--scenario", default="demo-add")
@@ -149,6 +164,29 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recipe(args: argparse.Namespace) -> int:
+    from reef.recipe.snapshot import EmptySnapshotError
+    from reef.recipe.stage import parse_overrides, run_recipe
+
+    try:
+        overrides = parse_overrides(args.set)
+        out = run_recipe(args.name, args.params, overrides, evaluate=not args.no_eval, progress=not args.quiet)
+    except (ValueError, TypeError, LookupError, ModuleNotFoundError, EmptySnapshotError) as exc:
+        raise UsageError(str(exc)) from exc
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def _learn(args: argparse.Namespace) -> int:
+    from reef.recipe.stage import learn_once
+
+    if not args.params.is_file():
+        raise UsageError(f"params file not found: {args.params}")
+    out = learn_once(args.params, use_dvc=False if args.no_dvc else None, progress=not args.quiet)
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from reef.demo.simulate import simulate
 
@@ -177,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "recipe":
+            return _recipe(args)
+        if args.command == "learn":
+            return _learn(args)
     except (ConfigError, UsageError) as exc:
         print(f"reef: {exc}", file=sys.stderr)
         return 2

@@ -53,6 +53,15 @@ class StoreConfig(_Strict):
     flush_max_records: int = Field(default=5000, gt=0)
 
 
+class LearnerConfig(_Strict):
+    """The learner `reef serve` runs: a round whenever enough new experience waits."""
+
+    enabled: bool = False
+    params: Path = Field(default=Path("params.yaml"), description="pipeline params: scenario, recipe, ...")
+    interval_s: float = Field(default=30.0, gt=0, description="how often to check for pending experience")
+    min_records: int = Field(default=1, ge=1, description="eligible new records needed to start a round")
+
+
 class ServeConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8900, ge=0, le=65535)
@@ -70,6 +79,7 @@ class ServeConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     @property
     def model_path(self) -> str:

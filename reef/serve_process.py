@@ -22,7 +22,7 @@ class ServeProcess:
         self.args = args or []
         self.env = env or {}
         self.port = port or free_port()
-        self.log_path = workdir / "reef-serve.log"
+        self.log_path = self.data_dir / "logs" / "reef-serve.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -31,7 +31,7 @@ class ServeProcess:
 
     def start(self, timeout_s: float = 600.0) -> ServeProcess:
         """Starts the server and waits until `/healthz` says the engine is up."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "reef.cli", "serve", "--data-dir", str(self.data_dir),

@@ -22,6 +22,7 @@ from reef.gateway.routing import Routes
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.upstream import Upstream
+from reef.learn.learner import Learner
 
 log = logging.getLogger("reef.serve")
 
@@ -59,6 +60,7 @@ def serve(config: ServeConfig) -> None:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     data_dir = Path(config.data_dir)
     engine: EngineSupervisor | None = None
+    learner: Learner | None = None
     store = ExperienceStore(data_dir, config.store)
     try:
         if config.upstream.url:
@@ -75,6 +77,9 @@ def serve(config: ServeConfig) -> None:
             upstream=Upstream(base_url, config.upstream.api_key, config.request_timeout_s),
             routes=Routes(config.model_name),
         )
+        if config.learner.enabled:
+            learner = state.learner = Learner(config.learner, data_dir)
+            learner.start()
         seed_sessions(state.sessions, data_dir)
         app = create_app(state)
         server = uvicorn.Server(uvicorn.Config(
@@ -87,6 +92,8 @@ def serve(config: ServeConfig) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        if learner is not None:
+            learner.stop()
         store.close()
         if engine is not None:
             engine.stop()

@@ -111,8 +111,8 @@ async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: 
     if known is None:
         return None
     if tuple(known) != (scenario, body_hash):
-        raise ReefError(409, f"record {record_id} exists with another request body", param=h.RECORD_ID,
-                        code="record_id_conflict")
+        raise ReefError(409, f"record {record_id} exists with another request body or scenario",
+                        param=h.RECORD_ID, code="record_id_conflict")
     record = st.store.get_record(record_id)
     if record is None:  # indexed but unreadable: never silently call the model twice
         raise ReefError(409, f"record {record_id} exists but cannot be read back", param=h.RECORD_ID)

@@ -18,6 +18,7 @@ from reef.gateway.upstream import Upstream
 if TYPE_CHECKING:
     from reef.engine.supervisor import EngineSupervisor
     from reef.experience.store import ExperienceStore
+    from reef.learn.learner import Learner
 
 
 @dataclass
@@ -27,6 +28,7 @@ class GatewayState:
     upstream: Upstream
     routes: Routes
     engine: EngineSupervisor | None = None
+    learner: Learner | None = None
     sessions: SessionIndex = field(default_factory=SessionIndex)
     inflight: InFlight = field(default_factory=InFlight)
     inflight_reports: InFlight = field(default_factory=InFlight)

@@ -48,6 +48,7 @@ async def status(request: Request) -> dict[str, Any]:
         "model": st.config.model_name,
         "in_flight": len(st.inflight),
         "engine": engine,
+        "learner": st.learner.describe() if st.learner else {"enabled": False},
         "scenarios": scenarios,
     }
 

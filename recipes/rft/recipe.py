@@ -1,0 +1,48 @@
+"""Rejection-sampling fine-tuning: supervised training (TRL `SFTTrainer`) on the served
+completions whose reported score passed `min_score`.
+
+The threshold is part of the experience spec, so records below it are never snapshotted and
+never consumed: a later recipe (online_rl) can still learn from them. Stale samples are dropped
+(`stale_policy: drop` only): imitating a behaviour is only sensible while it is close to the
+current policy, and SFTTrainer has no per-sample weights to down-weight them with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from reef.recipe import Recipe, RecipeConfig, Snapshot
+from reef.recipe.tokens import sft_examples
+
+if TYPE_CHECKING:
+    from trl import SFTTrainer
+
+
+@dataclass
+class RFTConfig(RecipeConfig):
+    min_score: float | None = 1.0
+    learning_rate: float = 5e-4
+
+
+class RFT(Recipe):
+    name = "rft"
+    config_class = RFTConfig
+    stale_policies = ("drop",)
+
+    def build_trainer(
+        self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path
+    ) -> SFTTrainer:
+        # Imported here: importing trl takes seconds, and the snapshot stage only needs experience().
+        from trl import SFTConfig, SFTTrainer
+
+        c = self.config
+        self._dataset = sft_examples(snapshot.samples(), c.max_length).remove_columns("record_id")
+        args = SFTConfig(**self.training_args(output_dir), max_length=c.max_length, packing=False)
+        return SFTTrainer(model=model, args=args, train_dataset=self._dataset, processing_class=tokenizer)
+
+    def extra_metrics(self, trainer: Any) -> dict[str, int]:
+        return {"train_samples": len(self._dataset)}

@@ -1,0 +1,214 @@
+"""The `Recipe` base class: a recipe builds a trainer; the framework does everything around it.
+
+A recipe subclass sets `name` and `config_class`, may adjust `experience()`, and implements
+`build_trainer()`. `run(snapshot)` loads the base model (wrapped in LoRA when `kind: lora`),
+trains with a progress bar, saves a candidate vLLM can load (full weights with the base model's
+tokenizer files, or a PEFT adapter), writes `candidate.json` (metrics + lineage) and marks the
+snapshot's records consumed. The same call runs in a notebook, the CLI and the DVC train stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import uuid
+from abc import ABC, abstractmethod
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, ClassVar
+
+import datasets
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from reef.experience.schema import sha256_json
+from reef.recipe import ledger
+from reef.recipe.snapshot import EmptySnapshotError, Snapshot
+from reef.recipe.spec import Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CANDIDATES = Path("data/candidates")
+# Base-model files that are weights or Reef's build metadata: a full candidate writes its own.
+_NOT_COPIED = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "reef-model.json"}
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("torch", "transformers", "trl", "peft"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def weights_sha256(model_dir: Path | str) -> str | None:
+    path = Path(model_dir) / "model.safetensors"
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Recipe(ABC):
+    name: ClassVar[str]
+    config_class: ClassVar[type[RecipeConfig]] = RecipeConfig
+    # Declarations about the experience a recipe can learn from (see ExperienceSpec).
+    needs_reports: ClassVar[bool] = True
+    min_group_size: ClassVar[int] = 1
+    stale_policies: ClassVar[tuple[str, ...]] = ("drop", "downweight")
+
+    def __init__(self, config: RecipeConfig | None = None, **params: Any) -> None:
+        if config is not None and params:
+            raise TypeError("pass a config or params, not both")
+        self.config = config if config is not None else self.config_class.from_dict(params)
+        if not isinstance(self.config, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}")
+        if self.config.stale_policy not in self.stale_policies:
+            raise ValueError(
+                f"{self.name} supports stale_policy {self.stale_policies}, not {self.config.stale_policy!r}"
+            )
+
+    @property
+    def ref(self) -> str:
+        return f"{type(self).__module__}:{type(self).__qualname__}"
+
+    def experience(self) -> ExperienceSpec:
+        c = self.config
+        return ExperienceSpec(
+            scenario=c.scenario, needs_reports=self.needs_reports, group_by=c.group_by,
+            min_group_size=self.min_group_size, max_staleness=c.max_staleness, stale_policy=c.stale_policy,
+            stale_weight=c.stale_weight, batch_size=c.batch_size, min_score=c.min_score,
+            drop_duplicates=c.drop_duplicates,
+        )
+
+    @abstractmethod
+    def build_trainer(
+        self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path
+    ) -> transformers.Trainer:
+        """A ready-to-train `Trainer` over `snapshot` (built from its recorded token ids)."""
+
+    def extra_metrics(self, trainer: transformers.Trainer) -> dict[str, Any]:
+        """Recipe-specific numbers for candidate.json (e.g. how many samples were used)."""
+        return {}
+
+    # --- helpers for subclasses ---------------------------------------------------------------
+
+    def training_args(self, output_dir: Path) -> dict[str, Any]:
+        """TrainingArguments every recipe shares: CPU-safe, no checkpoints, no trackers."""
+        c = self.config
+        progress = getattr(self, "_progress", True)
+        steps = c.max_steps if c.max_steps > 0 else -1
+        return dict(
+            output_dir=str(output_dir), max_steps=steps, num_train_epochs=c.epochs, learning_rate=c.learning_rate,
+            per_device_train_batch_size=c.per_device_batch_size,
+            gradient_accumulation_steps=c.gradient_accumulation_steps, seed=c.seed, data_seed=c.seed,
+            # TRL defaults bf16 and gradient checkpointing on; on CPU both only cost time.
+            use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=False,
+            logging_steps=max(1, (steps if steps > 0 else 100) // 10), save_strategy="no", report_to=[],
+            disable_tqdm=not progress, dataloader_num_workers=0, lr_scheduler_type="constant_with_warmup",
+            warmup_steps=0,
+        )
+
+    def load_model(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        c = self.config
+        tokenizer = AutoTokenizer.from_pretrained(c.base_model)
+        model = AutoModelForCausalLM.from_pretrained(c.base_model, dtype=torch.float32)
+        if c.kind == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=c.lora_r, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
+                              target_modules=list(c.lora_target_modules), task_type="CAUSAL_LM")
+            model = get_peft_model(model, lora)
+        return model, tokenizer
+
+    # --- the framework's part ----------------------------------------------------------------
+
+    def candidate_id(self, snapshot: Snapshot, base_sha: str | None) -> str:
+        key = sha256_json([snapshot.hash, self.ref, self.config.to_dict(), base_sha])
+        return f"{snapshot.scenario}-{key[:12]}"
+
+    def run(
+        self,
+        snapshot: Snapshot | Path | str,
+        out_root: Path | str = DEFAULT_CANDIDATES,
+        *,
+        out_dir: Path | str | None = None,
+        progress: bool = True,
+        consume: bool = True,
+    ) -> Candidate:
+        """Train on `snapshot` and write the candidate to `out_dir` or `<out_root>/<candidate id>/`."""
+        snap = snapshot if isinstance(snapshot, Snapshot) else Snapshot.open(snapshot)
+        self._progress = progress
+        if snap.spec != self.experience():
+            raise ValueError(f"snapshot {snap.id} was taken with {snap.spec}, but {self.name} declares "
+                             f"{self.experience()}; take a snapshot with recipe.experience()")
+        if not snap.record_ids:
+            raise EmptySnapshotError(f"snapshot {snap.id} has no records")
+        ledger.check_unconsumed(snap.ledger_root, snap.scenario, snap.hash, snap.record_ids)
+
+        base_sha = weights_sha256(self.config.base_model)
+        cand_id = self.candidate_id(snap, base_sha)
+        target = Path(out_dir) if out_dir is not None else Path(out_root) / cand_id
+        staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        threads = torch.get_num_threads()
+        bars = datasets.is_progress_bar_enabled(), transformers.utils.logging.is_progress_bar_enabled()
+        if not progress:
+            datasets.disable_progress_bars()
+            transformers.utils.logging.disable_progress_bar()
+        # One thread: for models this small, a second one makes the many tiny ops slower.
+        torch.set_num_threads(int(os.environ.get("REEF_TRAIN_THREADS", "1")))
+        try:
+            transformers.set_seed(self.config.seed)
+            model, tokenizer = self.load_model()
+            trainer = self.build_trainer(snap, model, tokenizer, staging / ".trainer")
+            result = trainer.train()
+            staging.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(staging / ".trainer", ignore_errors=True)
+            self._save(trainer.model, staging)
+            metrics = {**result.metrics, **self.extra_metrics(trainer), "snapshot_records": len(snap.record_ids),
+                       "snapshot_counts": snap.manifest["counts"]}
+            lineage = Lineage(
+                snapshot_id=snap.id, snapshot_hash=snap.hash, recipe=self.ref, params=self.config.to_dict(),
+                parent_release=snap.head_release, code_commit=git_commit(), base_model=self.config.base_model,
+                base_model_sha256=base_sha, versions=_versions(),
+            )
+            candidate = Candidate(id=cand_id, path=target, kind=self.config.kind, scenario=snap.scenario,
+                                  metrics=metrics, lineage=lineage, created_at=datetime.now(UTC).isoformat())
+            candidate.write(staging)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        finally:
+            torch.set_num_threads(threads)
+            if bars[0]:
+                datasets.enable_progress_bars()
+            if bars[1]:
+                transformers.utils.logging.enable_progress_bar()
+            shutil.rmtree(staging, ignore_errors=True)
+        if consume:
+            ledger.mark_consumed(snap.ledger_root, snap.scenario, snap.hash, snap.record_ids, cand_id)
+        candidate = Candidate.read(target)
+        if progress:
+            loss = metrics.get("train_loss")
+            print(f"candidate {cand_id} ({self.name}, {self.config.kind}) -> {target}; "
+                  f"{len(snap.record_ids)} records, train_loss {loss}", file=sys.stderr)
+        return candidate
+
+    def _save(self, model: PreTrainedModel, out: Path) -> None:
+        if self.config.kind == "lora":
+            model.save_pretrained(out)  # the adapter only: vLLM serves it on the base model
+            return
+        for item in Path(self.config.base_model).iterdir():
+            if item.is_file() and item.name not in _NOT_COPIED:
+                shutil.copy2(item, out / item.name)  # the exact tokenizer files the base model served with
+        model.save_pretrained(out)

@@ -1,0 +1,128 @@
+"""The learning pipeline under real DVC in a temporary git repository: base-model -> demo-traffic ->
+snapshot -> train -> evaluate; a second `dvc repro` is a no-op, and `dvc exp run -S train.<param>`
+reruns only train and evaluate."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reef.recipe.demo_traffic import record_demo_traffic
+from tests.recipe_support import REPO, copy_tiny
+
+ENV = {
+    **os.environ,
+    "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "GIT_AUTHOR_NAME": "reef-test", "GIT_AUTHOR_EMAIL": "test@reef.invalid",
+    "GIT_COMMITTER_NAME": "reef-test", "GIT_COMMITTER_EMAIL": "test@reef.invalid",
+}
+STAGES = ["base-model", "demo-traffic", "snapshot", "train", "evaluate"]
+
+
+def run(repo: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(cmd, cwd=repo, env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def sh(repo: Path, *cmd: str) -> str:
+    done = run(repo, *cmd)
+    return done.stdout + done.stderr
+
+
+def ran(output: str) -> list[str]:
+    return [s for s in STAGES if f"Running stage '{s}'" in output]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh project: the pipeline files and code, the tiny model committed as the base-model
+    stage's output (rebuilding it would take minutes), small params."""
+    root = tmp_path_factory.mktemp("dvc") / "project"
+    root.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy2(REPO / name, root / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "recipes", root / "recipes", ignore=ignore)
+    shutil.copytree(REPO / "reef", root / "reef", ignore=ignore)
+    copy_tiny(root / "data" / "models" / "tiny")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["demo_traffic"].update(prompts=16, samples=4)
+    params["train"].update(max_steps=4, per_device_batch_size=8)
+    params["evaluate"].update(samples=1)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(root, "git", "init", "-q")
+    sh(root, "dvc", "init", "-q")
+    sh(root, "dvc", "commit", "-f", "base-model")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "commit", "-qm", "project")
+    return root
+
+
+def test_repro_then_noop_then_param_change(repo: Path) -> None:
+    first = sh(repo, "dvc", "repro")
+    assert ran(first) == ["demo-traffic", "snapshot", "train", "evaluate"]
+    metrics = json.loads((repo / "data" / "metrics" / "demo-add.json").read_text())
+    assert metrics["prompts"] == 80 and 0.0 <= metrics["candidate_success"] <= 1.0
+
+    snapshot = json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())
+    candidate = json.loads((repo / "data" / "candidates" / "demo-add" / "candidate.json").read_text())
+    lineage = candidate["lineage"]
+    head = sh(repo, "git", "rev-parse", "HEAD").strip()
+    assert lineage["snapshot_hash"] == snapshot["hash"] and lineage["recipe"] == "recipes.rft.recipe:RFT"
+    assert lineage["params"]["max_steps"] == 4 and lineage["code_commit"].removesuffix("+dirty") == head
+    assert lineage["parent_release"] == "demo-add@r0"  # no release chain yet: the base model serves r0
+    assert (repo / "data" / "candidates" / "demo-add" / "model.safetensors").exists()
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "round 1")
+
+    second = sh(repo, "dvc", "repro")
+    assert ran(second) == [] and "Data and pipelines are up to date" in sh(repo, "dvc", "status")
+
+    exp = sh(repo, "dvc", "exp", "run", "-S", "train.max_steps=2")
+    assert ran(exp) == ["train", "evaluate"]
+    again = json.loads((repo / "data" / "candidates" / "demo-add" / "candidate.json").read_text())
+    assert again["lineage"]["params"]["max_steps"] == 2
+    assert again["lineage"]["snapshot_hash"] == snapshot["hash"]  # same round: sibling candidate
+    assert "+-------+" in sh(repo, "dvc", "dag")
+
+
+def _learn(repo: Path) -> dict[str, Any]:
+    out = run(repo, "python", "-m", "reef.recipe.stage", "learn", "--quiet").stdout
+    return json.loads(out[out.rindex("\n{") :])  # the JSON summary printed last, after dvc's output
+
+
+def test_learn_once_takes_only_new_records(repo: Path) -> None:
+    """`reef learn --once` against live traffic (a store outside DVC, as `reef serve` writes):
+    a round, then nothing new, then a round over only the records that arrived since."""
+    live = repo / "data" / "live"
+    tiny = repo / "data" / "models" / "tiny"
+    record_demo_traffic(tiny, live, prompts=16, samples=4, seed=11, release="demo-add@r1")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["source"]["data_dir"] = "data/live"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    first = _learn(repo)
+    assert first["status"] == "trained" and first["metrics"]["prompts"] == 80
+    snapshot = json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())
+    assert first["candidate"]["lineage"]["snapshot_hash"] == snapshot["hash"]
+    taken = set(snapshot["record_ids"])
+
+    idle = _learn(repo)
+    assert idle["status"] == "nothing_new" and idle["pending"]["consumed"] == len(taken)
+
+    record_demo_traffic(tiny, live, prompts=16, samples=4, seed=12, release="demo-add@r1")
+    second = _learn(repo)
+    assert second["status"] == "trained" and second["pending"]["consumed"] == len(taken)
+    again = set(json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())["record_ids"])
+    assert again and not again & taken

@@ -1,0 +1,63 @@
+"""The learner inside `reef serve`: a round runs in its own process while serving continues, and a
+record is never trained on twice."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import yaml
+
+from reef.demo.simulate import simulate
+from reef.demo.task import SCENARIO
+from reef.recipe import ledger
+from tests.conftest import MODEL_NAME, TINY, Gateway
+
+
+def _learner(gw: Gateway) -> dict:
+    return httpx.get(f"{gw.url}/reef/status").json()["learner"]
+
+
+def _wait(gw: Gateway, until, timeout_s: float = 240.0) -> dict:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = _learner(gw)
+        if until(state):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"learner never got there: {state}")
+
+
+def test_serve_runs_learning_rounds(make_gateway) -> None:
+    gw: Gateway = make_gateway("learner", env={
+        "REEF_LEARNER__ENABLED": "true", "REEF_LEARNER__INTERVAL_S": "1", "REEF_STORE__FLUSH_INTERVAL_S": "0.2",
+    })
+    gw.workdir.mkdir(parents=True)
+    (gw.workdir / "params.yaml").write_text(yaml.safe_dump({
+        "scenario": SCENARIO,
+        "base_model": {"path": str(TINY)},
+        "source": {"data_dir": "data"},
+        "train": {"recipe": "recipes.rft.recipe:RFT", "experience": {"min_score": 1.0}, "max_steps": 4},
+        "evaluate": {"samples": 1},
+    }))
+    gw.start()
+    assert _learner(gw)["enabled"] is True
+    summary = simulate(gw.url, requests=80, concurrency=8, progress=False)
+    assert summary.errors == 0 and sum(summary.scores) >= 1, "need some rewarded traffic to learn from"
+
+    running = _wait(gw, lambda s: s["running"] or s["rounds"] >= 1)
+    if running["running"]:  # serving goes on while a round trains
+        reply = gw.client().chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=4)
+        assert reply.choices[0].message.content is not None
+    done = _wait(gw, lambda s: s["rounds"] >= 1 and not s["running"])
+    assert done["last_error"] is None, done
+    assert done["last_round"]["status"] == "trained" and done["last_round"]["candidate"]
+    assert (gw.workdir / "data" / "candidates" / SCENARIO / "candidate.json").is_file()
+    consumed = ledger.consumed(gw.workdir / "data" / "ledger", SCENARIO)["record_id"].to_list()
+    assert consumed and len(consumed) == len(set(consumed))
+
+    # Nothing new arrives: the learner sees nothing pending and trains no second round on the same ids.
+    time.sleep(3)
+    later = _learner(gw)
+    assert later["rounds"] == 1 and later["pending"]["records"] == 0
