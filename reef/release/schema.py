@@ -1,0 +1,111 @@
+"""The one definition of what the release package stores: artifact manifests and releases.
+
+A manifest is `<artifacts>/<content_id>/manifest.json`; a release is one line of
+`<releases>/<scenario>/chain.jsonl`. Both are plain JSON (`model_dump_json()`), readable without Reef.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ArtifactKind = Literal["lora", "full", "harness"]
+Operation = Literal["create", "train", "promote", "rollback"]
+
+CONTENT_ID_PATTERN = r"^[0-9a-f]{64}$"
+CONTENT_ID_RE = re.compile(CONTENT_ID_PATTERN)
+# Must accept exactly what reef.experience.shards.SCENARIO_RE accepts (a test pins that): the chain
+# lives at `<data_dir>/releases/<scenario>/`, where reef.experience.load looks for HEAD. Not
+# imported from there because reef.experience pulls in datasets and polars.
+SCENARIO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Same format reef.experience.load.RELEASE_SEQ_RE parses staleness from.
+RELEASE_ID_RE = re.compile(r"^(?P<scenario>.+)@r(?P<seq>\d+)$")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def validate_scenario(scenario: str) -> str:
+    if not SCENARIO_RE.match(scenario):
+        raise ValueError(f"scenario {scenario!r} must match {SCENARIO_RE.pattern}")
+    return scenario
+
+
+def release_name(scenario: str, seq: int) -> str:
+    """`<scenario>@r<seq>`: the release id, what records carry and HEAD holds."""
+    return f"{scenario}@r{seq}"
+
+
+class ReleaseLineage(BaseModel):
+    """Where content came from: the JSON form of reef.recipe.spec.Lineage. Every field is optional
+    (a base model has no snapshot or recipe) and unknown fields are kept, so a recipe adding one
+    never makes its candidate unimportable."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    snapshot_id: str | None = None
+    snapshot_hash: str | None = None
+    recipe: str | None = None
+    params: dict[str, Any] | None = None
+    parent_release: str | None = None
+    code_commit: str | None = None
+    base_model: str | None = None
+    base_model_sha256: str | None = None
+    versions: dict[str, str] | None = None
+
+
+class ArtifactFile(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str  # relative, '/'-separated
+    sha256: str
+    size: int
+
+
+class ArtifactManifest(BaseModel):
+    """What `<artifacts>/<content_id>/files/` must hold, and where it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    format: int = 1
+    content_id: str = Field(pattern=CONTENT_ID_PATTERN)
+    kind: ArtifactKind
+    # The model the content runs on: itself for a full model, the adapter's base for a LoRA.
+    base_model: str | None = None
+    base_model_sha256: str | None = None
+    # Digests of what turns messages into tokens; a LoRA takes its base model's, so a swap can
+    # refuse an adapter whose base serves with another tokenizer or template.
+    tokenizer_sha256: str | None = None
+    chat_template_sha256: str | None = None
+    files: list[ArtifactFile]
+    lineage: ReleaseLineage | None = None
+    source: str | None = None  # the folder it was first imported from, for people
+    created_at: datetime
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class Release(BaseModel):
+    """One link of a scenario's release chain. Never edited once written: a rollback is a new
+    release (operation "rollback", `restores` naming the release whose content it serves again)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    release_id: str
+    scenario: str
+    seq: int = Field(ge=0)
+    parent_release_id: str | None
+    content_id: str = Field(pattern=CONTENT_ID_PATTERN)
+    kind: ArtifactKind
+    operation: Operation
+    evaluation: dict[str, Any] | None = None
+    approved_by: str | None = None
+    created_at: datetime
+    lineage: ReleaseLineage | None = None
+    restores: str | None = None

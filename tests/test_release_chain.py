@@ -1,0 +1,316 @@
+"""The release chain on real files: compare-and-swap under threads and processes, rollback as a new
+release, crash recovery, and a HEAD file reef.experience.load can read."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reef.release import (
+    ArtifactNotFoundError,
+    ArtifactStore,
+    ChainCorruptError,
+    HeadMovedError,
+    ReleaseChain,
+    ReleaseError,
+    ReleaseLineage,
+)
+
+# Spawned, not forked: pytest's process has threads, and forking one copies locks mid-use.
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def cid(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def chain_with_base(root: Path, scenario: str = "demo") -> ReleaseChain:
+    chain = ReleaseChain(root, scenario)
+    chain.ensure_base(cid("base"), ReleaseLineage(base_model="data/models/tiny"))
+    return chain
+
+
+def head_text(chain: ReleaseChain) -> str:
+    return chain.head_path.read_text()
+
+
+# --- compare-and-swap ------------------------------------------------------------------------
+
+
+def _publish_outcome(chain: ReleaseChain, expected: str, content: str) -> tuple[str, str | None, str]:
+    try:
+        release = chain.publish(expected, cid(content), "lora", "train", approved_by=content)
+        return ("won", release.release_id, content)
+    except HeadMovedError as exc:
+        return ("lost", exc.actual, content)
+
+
+def _process_publisher(root: str, expected: str, content: str, ready: Any, go: Any, results: Any) -> None:
+    chain = ReleaseChain(root, "demo")  # opened before the start line, like a live API process
+    ready.put(content)
+    go.wait(30)
+    results.put(_publish_outcome(chain, expected, content))
+
+
+def test_fifty_concurrent_publishers_one_wins(tmp_path: Path) -> None:
+    chain = chain_with_base(tmp_path)
+    n_procs, n_threads = 4, 46
+    ready, results, go = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
+    procs = [SPAWN.Process(target=_process_publisher, args=(str(tmp_path), "demo@r0", f"p{i}", ready, go, results))
+             for i in range(n_procs)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=60)
+    outcomes: list[tuple[str, str | None, str]] = []
+
+    def thread_publisher(content: str) -> None:
+        own = ReleaseChain(tmp_path, "demo")  # half share one chain object, half open their own
+        go.wait(30)
+        outcomes.append(_publish_outcome(own if int(content[1:]) % 2 else chain, "demo@r0", content))
+
+    threads = [threading.Thread(target=thread_publisher, args=(f"t{i}",)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(30)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    outcomes += [results.get(timeout=5) for _ in procs]
+
+    assert len(outcomes) == 50
+    winners = [o for o in outcomes if o[0] == "won"]
+    assert len(winners) == 1 and winners[0][1] == "demo@r1"
+    # Every loser was refused against the winner's release: nobody slipped in before or after it.
+    assert all(o[1] == "demo@r1" for o in outcomes if o[0] == "lost")
+    releases = chain.releases()
+    assert [r.release_id for r in releases] == ["demo@r0", "demo@r1"]
+    assert releases[1].content_id == cid(winners[0][2]) and releases[1].parent_release_id == "demo@r0"
+    assert head_text(chain) == "demo@r1\n"
+    assert len(chain.chain_path.read_bytes().splitlines()) == 2
+
+
+def _retrying_publisher(root: str | Path, worker: int, n: int, go: Any = None) -> None:
+    chain = ReleaseChain(root, "demo")
+    if go is not None:
+        go.wait(30)
+    for k in range(n):
+        while True:  # optimistic: re-read the head, try again
+            head = chain.head()
+            assert head is not None
+            try:
+                chain.publish(head.release_id, cid(f"{worker}-{k}"), "full", "train")
+                break
+            except HeadMovedError:
+                continue
+
+
+def assert_linear(root: Path, contents: list[str]) -> None:
+    releases = ReleaseChain(root, "demo").releases()
+    assert [r.seq for r in releases] == list(range(len(contents) + 1))
+    assert all(r.parent_release_id == p.release_id for p, r in zip(releases, releases[1:], strict=False))
+    assert sorted(r.content_id for r in releases[1:]) == sorted(cid(c) for c in contents)
+    assert (root / "demo" / "HEAD").read_text() == f"demo@r{len(contents)}\n"
+
+
+def test_retrying_publishers_make_one_linear_chain(tmp_path: Path) -> None:
+    chain_with_base(tmp_path)
+    threads = [threading.Thread(target=_retrying_publisher, args=(tmp_path, w, 5)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert_linear(tmp_path, [f"{w}-{k}" for w in range(8) for k in range(5)])
+
+
+def test_retrying_processes_make_one_linear_chain(tmp_path: Path) -> None:
+    # Only flock stands between processes: this is the test that fails without it.
+    chain_with_base(tmp_path)
+    go = SPAWN.Event()
+    procs = [SPAWN.Process(target=_retrying_publisher, args=(str(tmp_path), w, 10, go)) for w in range(3)]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert_linear(tmp_path, [f"{w}-{k}" for w in range(3) for k in range(10)])
+
+
+def test_publish_rules(tmp_path: Path) -> None:
+    chain = ReleaseChain(tmp_path, "demo")
+    assert chain.head() is None and chain.releases() == [] and not chain.head_path.exists()
+    with pytest.raises(ValueError, match="create"):
+        chain.publish(None, cid("a"), "full", "train")
+    r0 = chain.ensure_base(cid("base"))
+    assert (r0.release_id, r0.seq, r0.parent_release_id, r0.operation) == ("demo@r0", 0, None, "create")
+    assert chain.ensure_base(cid("base")) == r0 and len(chain.releases()) == 1  # idempotent
+    with pytest.raises(ReleaseError, match="serves content"):
+        chain.ensure_base(cid("another base"))
+    with pytest.raises(ValueError, match="create"):
+        chain.publish("demo@r0", cid("a"), "full", "create")
+    with pytest.raises(ValueError, match="rollback"):
+        chain.publish("demo@r0", cid("a"), "full", "rollback")
+    with pytest.raises(HeadMovedError) as err:
+        chain.publish(None, cid("a"), "full", "train")  # a publisher that thinks the chain is empty
+    assert (err.value.expected, err.value.actual) == (None, "demo@r0")
+    r1 = chain.publish("demo@r0", cid("a"), "lora", "train", evaluation={"delta": 0.1}, approved_by="gate")
+    assert (r1.seq, r1.parent_release_id, r1.evaluation, r1.approved_by) == (1, "demo@r0", {"delta": 0.1}, "gate")
+    with pytest.raises(HeadMovedError, match="head is demo@r1, not the expected demo@r0"):
+        chain.publish("demo@r0", cid("b"), "lora", "train")  # stale
+    assert chain.get("demo@r1") == r1 and len(chain.releases()) == 2
+
+
+def test_publish_checks_the_artifact_store(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "system.md").write_text("Be terse.")
+    harness = store.import_harness(tmp_path / "h")
+    chain = ReleaseChain(tmp_path / "releases", "demo", artifacts=store)
+    with pytest.raises(ArtifactNotFoundError):
+        chain.ensure_base(cid("not imported"))
+    with pytest.raises(ValueError, match="harness artifact, not full"):
+        chain.ensure_base(harness.content_id, kind="full")
+    assert chain.ensure_base(harness.content_id, kind="harness").kind == "harness"
+
+
+# --- rollback and lineage --------------------------------------------------------------------
+
+
+def test_rollback_is_a_new_release(tmp_path: Path) -> None:
+    chain = chain_with_base(tmp_path)
+    r1 = chain.publish("demo@r0", cid("B"), "lora", "train", lineage=ReleaseLineage(recipe="sft", snapshot_id="s1"))
+    chain.publish("demo@r1", cid("C"), "full", "promote")
+    history = chain.chain_path.read_bytes()
+    with pytest.raises(HeadMovedError):
+        chain.rollback("demo@r1", expected_parent="demo@r1", approved_by="ops")
+    with pytest.raises(ReleaseError, match="already serves"):
+        chain.rollback("demo@r2", expected_parent="demo@r2", approved_by="ops")
+    r3 = chain.rollback("demo@r1", expected_parent="demo@r2", approved_by="ops")
+    assert (r3.release_id, r3.operation, r3.parent_release_id, r3.restores) == ("demo@r3", "rollback", "demo@r2",
+                                                                                "demo@r1")
+    assert (r3.content_id, r3.kind, r3.lineage, r3.approved_by) == (r1.content_id, "lora", r1.lineage, "ops")
+    assert chain.chain_path.read_bytes().startswith(history)  # history is never rewritten
+    assert [r.release_id for r in chain.lineage("demo@r3")] == ["demo@r3", "demo@r2", "demo@r1", "demo@r0"]
+    assert [r.release_id for r in chain.lineage("demo@r1")] == ["demo@r1", "demo@r0"]
+    r4 = chain.rollback("demo@r0", expected_parent="demo@r3", approved_by="ops")
+    assert r4.content_id == cid("base") and head_text(chain) == "demo@r4\n"
+
+
+# --- crash safety ----------------------------------------------------------------------------
+
+
+def _die_before_head(root: str) -> None:
+    chain = ReleaseChain(root, "demo")
+    chain._write_head = lambda release_id: os._exit(3)  # type: ignore[method-assign]
+    chain.publish("demo@r0", cid("B"), "full", "train")
+
+
+def test_crash_between_append_and_head(tmp_path: Path) -> None:
+    chain_with_base(tmp_path)
+    proc = SPAWN.Process(target=_die_before_head, args=(str(tmp_path),))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 3
+    assert (tmp_path / "demo" / "HEAD").read_text() == "demo@r0\n"  # the process died before HEAD moved
+    chain = ReleaseChain(tmp_path, "demo")  # opening repairs HEAD from the chain, the truth
+    assert head_text(chain) == "demo@r1\n" and chain.head().content_id == cid("B")  # type: ignore[union-attr]
+    with pytest.raises(HeadMovedError):
+        chain.publish("demo@r0", cid("C"), "full", "train")
+
+
+@pytest.mark.parametrize("tail", [b'{"release_id": "demo@r2", "scen', b"\x00\x00\x00\x00\n", b"{}\n"])
+def test_torn_last_line_is_cut(tmp_path: Path, tail: bytes) -> None:
+    chain = chain_with_base(tmp_path)
+    chain.publish("demo@r0", cid("B"), "full", "train")
+    good = chain.chain_path.read_bytes()
+    with chain.chain_path.open("ab") as f:
+        f.write(tail)
+    assert [r.seq for r in chain.releases()] == [0, 1]  # readers skip it without touching the file
+    assert chain.chain_path.read_bytes() == good + tail
+    reopened = ReleaseChain(tmp_path, "demo")
+    assert reopened.chain_path.read_bytes() == good
+    r2 = reopened.publish("demo@r1", cid("C"), "full", "train")
+    assert r2.release_id == "demo@r2" and [r.seq for r in reopened.releases()] == [0, 1, 2]
+
+
+def test_stale_or_missing_head_is_repaired(tmp_path: Path) -> None:
+    chain = chain_with_base(tmp_path)
+    chain.publish("demo@r0", cid("B"), "full", "train")
+    chain.head_path.write_text("demo@r0\n")
+    (chain.dir / ".HEAD.deadbeef.tmp").write_text("demo@r9")  # left by a crash mid-replace
+    ReleaseChain(tmp_path, "demo")
+    assert head_text(chain) == "demo@r1\n" and not list(chain.dir.glob(".HEAD.*"))
+    chain.head_path.unlink()
+    chain.publish("demo@r1", cid("C"), "full", "train")  # a publish repairs too, under its lock
+    assert head_text(chain) == "demo@r2\n"
+
+
+def test_corruption_inside_the_chain_stops_everything(tmp_path: Path) -> None:
+    chain = chain_with_base(tmp_path)
+    chain.publish("demo@r0", cid("B"), "full", "train")
+    chain.publish("demo@r1", cid("C"), "full", "train")
+    lines = chain.chain_path.read_bytes().splitlines(keepends=True)
+    chain.chain_path.write_bytes(lines[0] + b"garbage\n" + lines[2])
+    with pytest.raises(ChainCorruptError, match="unreadable"):
+        ReleaseChain(tmp_path, "demo")
+    chain.chain_path.write_bytes(lines[0] + lines[2])  # a line missing: r2's parent is not its predecessor
+    with pytest.raises(ChainCorruptError, match="expected demo@r1"):
+        ReleaseChain(tmp_path, "demo")
+
+
+# --- what other readers of the releases folder expect ----------------------------------------
+
+
+def test_head_file_drives_experience_staleness(tmp_path: Path) -> None:
+    # Imported here: reef.experience pulls in datasets and polars, which spawned publishers need not.
+    from reef.experience import ExperienceStore, load, shards
+    from reef.experience.load import read_head_seq, release_seq
+    from reef.release.schema import SCENARIO_RE
+    from tests.test_store import MANUAL, make_record
+
+    assert SCENARIO_RE.pattern == shards.SCENARIO_RE.pattern  # the chain lives where load() looks
+    with ExperienceStore(tmp_path, MANUAL) as store:
+        store.append_records_sync([make_record(i, release="demo@r0") for i in range(3)])
+    chain = ReleaseChain.for_data_dir(tmp_path, "demo")
+    chain.ensure_base(cid("base"))
+    assert read_head_seq(tmp_path, "demo") == 0
+    chain.publish("demo@r0", cid("B"), "lora", "train")
+    chain.publish("demo@r1", cid("C"), "lora", "train")
+    assert chain.head_path == tmp_path / "releases" / "demo" / "HEAD"
+    assert release_seq(head_text(chain)) == 2 and read_head_seq(tmp_path, "demo") == 2
+    exp = load("demo", tmp_path)
+    assert exp.head_seq == 2
+    assert exp.collect()["staleness"].to_list() == [2, 2, 2]
+
+
+def test_readers_never_see_a_partial_chain(tmp_path: Path) -> None:
+    chain = chain_with_base(tmp_path)
+    stop = threading.Event()
+    seen: queue.Queue[list[int]] = queue.Queue()
+
+    def reader() -> None:
+        other = ReleaseChain(tmp_path, "demo")
+        while not stop.is_set():
+            seen.put([r.seq for r in other.releases()])
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i in range(30):
+            chain.publish(f"demo@r{i}", cid(str(i)), "full", "train")
+    finally:
+        stop.set()
+        t.join(10)
+    reads = [seen.get() for _ in range(seen.qsize())]
+    assert reads and all(seqs == list(range(len(seqs))) for seqs in reads)
+    assert len(chain.releases()) == 31
