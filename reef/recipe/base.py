@@ -1,10 +1,15 @@
 """The `Recipe` base class: a recipe builds a trainer; the framework does everything around it.
 
 A recipe subclass sets `name` and `config_class`, may adjust `experience()`, and implements
-`build_trainer()`. `run(snapshot)` loads the base model (wrapped in LoRA when `kind: lora`),
-trains with a progress bar, saves a candidate vLLM can load (full weights with the base model's
-tokenizer files, or a PEFT adapter), writes `candidate.json` (metrics + lineage) and marks the
-snapshot's records consumed. The same call runs in a notebook, the CLI and the DVC train stage.
+`build_trainer()`, or overrides `fit()` when its training is not one `Trainer.train()` call (a
+sample -> score -> update loop). A recipe that makes its own experience (test-time training,
+self-play) sets `needs_experience = False`: its spec takes no records (`batch_size` 0) and it runs
+on an empty snapshot, which still pins the scenario and head release for lineage.
+
+`run(snapshot)` loads the base model (wrapped in LoRA when `kind: lora`), trains with a progress
+bar, saves a candidate vLLM can load (full weights with the base model's tokenizer files, or a
+PEFT adapter), writes `candidate.json` (metrics + lineage) and marks the snapshot's records
+consumed. The same call runs in a notebook, the CLI and the DVC train stage.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import shutil
 import sys
 import uuid
-from abc import ABC, abstractmethod
+from abc import ABC
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -66,6 +71,8 @@ class Recipe(ABC):
     needs_reports: ClassVar[bool] = True
     min_group_size: ClassVar[int] = 1
     stale_policies: ClassVar[tuple[str, ...]] = ("drop", "downweight")
+    # False: the recipe generates its own samples and takes no recorded traffic.
+    needs_experience: ClassVar[bool] = True
 
     def __init__(self, config: RecipeConfig | None = None, **params: Any) -> None:
         if config is not None and params:
@@ -84,18 +91,27 @@ class Recipe(ABC):
 
     def experience(self) -> ExperienceSpec:
         c = self.config
+        takes = self.needs_experience
         return ExperienceSpec(
-            scenario=c.scenario, needs_reports=self.needs_reports, group_by=c.group_by,
+            scenario=c.scenario, needs_reports=self.needs_reports and takes, group_by=c.group_by,
             min_group_size=self.min_group_size, max_staleness=c.max_staleness, stale_policy=c.stale_policy,
-            stale_weight=c.stale_weight, batch_size=c.batch_size, min_score=c.min_score,
+            stale_weight=c.stale_weight, batch_size=c.batch_size if takes else 0, min_score=c.min_score,
             drop_duplicates=c.drop_duplicates,
         )
 
-    @abstractmethod
     def build_trainer(
         self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path
     ) -> transformers.Trainer:
         """A ready-to-train `Trainer` over `snapshot` (built from its recorded token ids)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither build_trainer() nor fit()")
+
+    def fit(
+        self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path
+    ) -> tuple[PreTrainedModel, dict[str, Any]]:
+        """Train; returns the trained model (what gets saved) and metrics for candidate.json."""
+        trainer = self.build_trainer(snapshot, model, tokenizer, output_dir)
+        result = trainer.train()
+        return trainer.model, {**result.metrics, **self.extra_metrics(trainer)}
 
     def extra_metrics(self, trainer: transformers.Trainer) -> dict[str, Any]:
         """Recipe-specific numbers for candidate.json (e.g. how many samples were used)."""
@@ -152,7 +168,7 @@ class Recipe(ABC):
         if snap.spec != self.experience():
             raise ValueError(f"snapshot {snap.id} was taken with {snap.spec}, but {self.name} declares "
                              f"{self.experience()}; take a snapshot with recipe.experience()")
-        if not snap.record_ids:
+        if not snap.record_ids and self.needs_experience:
             raise EmptySnapshotError(f"snapshot {snap.id} has no records")
         ledger.check_unconsumed(snap.ledger_root, snap.scenario, snap.hash, snap.record_ids)
 
@@ -170,13 +186,11 @@ class Recipe(ABC):
         try:
             transformers.set_seed(self.config.seed)
             model, tokenizer = self.load_model()
-            trainer = self.build_trainer(snap, model, tokenizer, staging / ".trainer")
-            result = trainer.train()
+            trained, fitted = self.fit(snap, model, tokenizer, staging / ".trainer")
             staging.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(staging / ".trainer", ignore_errors=True)
-            self._save(trainer.model, staging)
-            metrics = {**result.metrics, **self.extra_metrics(trainer), "snapshot_records": len(snap.record_ids),
-                       "snapshot_counts": snap.manifest["counts"]}
+            self._save(trained, staging)
+            metrics = {**fitted, "snapshot_records": len(snap.record_ids), "snapshot_counts": snap.manifest["counts"]}
             lineage = Lineage(
                 snapshot_id=snap.id, snapshot_hash=snap.hash, recipe=self.ref, params=self.config.to_dict(),
                 parent_release=snap.head_release, code_commit=git_commit(), base_model=self.config.base_model,

@@ -99,12 +99,14 @@ def select(frame: pl.DataFrame, spec: ExperienceSpec, consumed_ids: set[str]) ->
     drop("small_group_deferred", group_size >= spec.min_group_size)
 
     if spec.batch_size is not None:
-        # Newest groups first (most on-policy), whole groups, at least one.
+        # Newest groups first (most on-policy), whole groups, at least one unless batch_size is 0
+        # (a recipe that makes its own samples).
         newest = frame.group_by("group").agg(pl.col("created_at").max(), pl.col("n_samples").sum())
         newest = newest.sort(["created_at", "group"], descending=True).with_columns(
             cum=pl.col("n_samples").cum_sum()
         )
-        keep = newest.filter((pl.col("cum") <= spec.batch_size) | (pl.int_range(pl.len()) == 0))["group"]
+        first = (pl.int_range(pl.len()) == 0) & pl.lit(spec.batch_size > 0)
+        keep = newest.filter((pl.col("cum") <= spec.batch_size) | first)["group"]
         drop("over_batch_deferred", pl.col("group").is_in(keep.to_list()))
     return frame.drop("n_samples").sort("created_at", "record_id"), counts
 

@@ -142,7 +142,7 @@ def learn_once(params_path: Path | str = DEFAULT_PARAMS, *, use_dvc: bool | None
     if use_dvc:
         _dvc("repro", "snapshot")  # upstream stages, and the snapshot when its inputs changed
     records, counts, digest = _selection(params)
-    if records == 0:
+    if records == 0 and params.recipe().needs_experience:
         return {"status": "nothing_new", "pending": {"records": 0, **counts}}
     if use_dvc:
         current = params.snapshot_dir / "manifest.json"
@@ -176,7 +176,8 @@ def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overr
         values = params.recipe_params()
     recipe = cls(**{**values, **(overrides or {})})
     spec = recipe.experience()
-    snap = Snapshot.create(spec.scenario, params.data_dir, spec, ledger_root=params.ledger_root)
+    snap = Snapshot.create(spec.scenario, params.data_dir, spec, ledger_root=params.ledger_root,
+                           allow_empty=not recipe.needs_experience)
     candidate = recipe.run(snap, out_root=out_root, progress=progress)
     out: dict[str, Any] = {"snapshot": snap.id, "candidate": candidate.to_json()}
     if evaluate:

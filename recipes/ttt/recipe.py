@@ -1,0 +1,127 @@
+"""Test-time training on ONE problem, in the style of TTT-Discover: sample -> score -> update, in
+rounds, keeping an archive of the best solutions found; the output is the best solution (in
+candidate.json's metrics) and the weights trained on the way there (a LoRA adapter by default).
+
+Objective: the entropic one, which favours the best samples rather than the mean. A round's
+group is its `samples_per_round` fresh samples plus the archive's `replay` best solutions (so a
+solution once found keeps being reinforced when a round misses it), and each gets
+
+    A_i = exp(beta * r_i) / mean_j exp(beta * r_j) - 1
+
+(the gradient of (1/beta) log E[exp(beta R)] with a baseline): beta -> 0 is plain REINFORCE
+with a mean baseline; a large beta gives the best sample(s) nearly all the positive weight.
+beta is fixed here (TTT-Discover adapts it per batch). With a 0/1 scorer only the step size
+depends on beta, and Adam with gradient clipping evens that out; a graded scorer
+(`reef.demo.task:score_shaped`) is where the weighting can show.
+
+No recorded traffic: `needs_experience = False`, so the snapshot is empty (it pins scenario and
+head release for lineage). The problem comes from the config: `task_id`, a held-in demo task
+(eval tasks are refused, they must stay unseen), scored by `scorer` ("module:function" taking
+(task, reply text) -> float). Budget: `max_steps` rounds of one optimizer step each, cut short
+by `time_budget_s`, or by `stop_at_score` once the archive's best reaches it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from reef.demo import task as demo
+from reef.recipe import Recipe, RecipeConfig, Snapshot
+from reef.recipe.rollout import Rollout, chat_prompt_ids, policy_gradient_loss, sample
+
+
+@dataclass
+class TTTConfig(RecipeConfig):
+    kind: str = "lora"
+    learning_rate: float = 2e-3
+    lora_r: int = 16
+    lora_alpha: int = 32
+    max_steps: int = 16  # rounds
+    task_id: str = "add-2-4-t0"  # the base model solves it ~6% of the time
+    scorer: str = "reef.demo.task:score"
+    samples_per_round: int = 16
+    max_new_tokens: int = 12
+    temperature: float = 1.0
+    beta: float = 2.0
+    replay: int = 2
+    archive_size: int = 16
+    time_budget_s: float | None = None
+    stop_at_score: float | None = None
+
+
+def entropic_advantages(rewards: list[float], beta: float) -> list[float]:
+    top = max(rewards)  # shifted for stability; the ratio is unchanged
+    w = [math.exp(beta * (r - top)) for r in rewards]
+    mean = sum(w) / len(w)
+    return [x / mean - 1.0 for x in w]
+
+
+class TTT(Recipe):
+    name = "ttt"
+    config_class = TTTConfig
+    needs_experience = False
+
+    def problem(self) -> tuple[demo.Task, Any]:
+        c = self.config
+        assert isinstance(c, TTTConfig)
+        held_out = {t.task_id for t in demo.eval_tasks()}
+        task = next((t for t in demo.all_tasks() if t.task_id == c.task_id), None)
+        if task is None or task.task_id in held_out:
+            raise ValueError(f"task_id {c.task_id!r} is not a held-in demo task")
+        module, _, fn = c.scorer.partition(":")
+        return task, getattr(importlib.import_module(module), fn)
+
+    def fit(self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+            output_dir: Path) -> tuple[PreTrainedModel, dict[str, Any]]:
+        c = self.config
+        assert isinstance(c, TTTConfig)
+        task, scorer = self.problem()
+        prompt = chat_prompt_ids(tokenizer, task.messages)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=c.learning_rate,
+                                      weight_decay=0.0)
+        # text -> entry; a solution found again counts as a hit, not a new entry
+        archive: dict[str, dict[str, Any]] = {}
+        rollouts: dict[str, Rollout] = {}
+        history: list[dict[str, Any]] = []
+        start = time.monotonic()
+        model.train()
+        for step in range(c.max_steps):
+            if c.time_budget_s is not None and time.monotonic() - start > c.time_budget_s:
+                break
+            fresh = sample(model, tokenizer, [prompt], c.samples_per_round, max_new_tokens=c.max_new_tokens,
+                           temperature=c.temperature)[0]
+            scores = [float(scorer(task, r.text)) for r in fresh]
+            for r, s in zip(fresh, scores, strict=True):
+                entry = archive.setdefault(r.text, {"text": r.text, "score": s, "round": step, "hits": 0})
+                entry["hits"] += 1
+                rollouts.setdefault(r.text, r)
+            best = sorted(archive.values(), key=lambda e: (-e["score"], e["round"]))
+            archive = {e["text"]: e for e in best[: max(c.archive_size, c.replay)]}
+            replayed = [rollouts[e["text"]] for e in best[: c.replay]]
+            group = fresh + replayed
+            rewards = scores + [e["score"] for e in best[: c.replay]]
+            loss = policy_gradient_loss(model, group, entropic_advantages(rewards, c.beta), tokenizer.pad_token_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            history.append({"round": step, "mean_score": sum(scores) / len(scores), "max_score": max(scores),
+                            "best_so_far": best[0]["score"], "loss": loss.item()})
+            if c.stop_at_score is not None and best[0]["score"] >= c.stop_at_score:
+                break
+        ranked = sorted(archive.values(), key=lambda e: (-e["score"], e["round"]))[: c.archive_size]
+        found = [h["round"] for h in history if h["max_score"] >= ranked[0]["score"]]
+        return model, {
+            "task_id": task.task_id, "best_solution": ranked[0]["text"], "best_score": ranked[0]["score"],
+            "best_found_round": found[0] if found else None, "rounds": len(history), "archive": ranked,
+            "first_round_mean_score": history[0]["mean_score"], "last_round_mean_score": history[-1]["mean_score"],
+            "history": history, "train_runtime": round(time.monotonic() - start, 3),
+        }
