@@ -37,3 +37,5 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/gateway_overhead.py
+	$(BIN)/python bench/learning.py
+	$(BIN)/python bench/recipe_overhead.py

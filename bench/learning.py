@@ -1,0 +1,380 @@
+"""The whole learning loop on the demo scenario, from simulated traffic only, vs. plain TRL GRPO.
+
+    .venv/bin/python bench/learning.py [--rounds 3] [--requests 512] [--recipe rft] [--param max_steps=30]
+
+Loop: start `reef serve` (managed vLLM, embedded tiny model) in a temporary workdir -> simulate
+`--requests` chats with rewards through the OpenAI SDK -> wait until the gateway has flushed them
+-> one learning round with the framework (Snapshot.create on the serve data dir, recipe.run,
+evaluate on the 80 held-out prompts) -> repeat with more traffic. The served model does NOT
+change between rounds (releasing candidates into the server is a later issue), so every round's
+traffic comes from the base model; each round's candidate continues from the previous one
+(`--no-chain`: from the base model, on that round's traffic only).
+The demo has 320 train prompts and the store flags an exact repeat of an earlier record (same
+prompt, same reply) as a duplicate, which rft drops: later rounds bring fewer new correct samples.
+
+Then plain TRL `GRPOTrainer` (no vLLM: TRL generates with transformers) trains the base model on
+the same number of samples (prompts x completions) as the loop recorded, with the demo verifier as
+reward, and is evaluated the same way. Targets: base <= 30 %, best candidate >= 80 %, whole bench
+< 10 min on 2 cores. Results: bench/out/learning.json and bench/out/learning.png.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread is faster (see the CPU notes)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import httpx  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from reef.demo import task as demo  # noqa: E402
+from reef.demo.simulate import simulate  # noqa: E402
+from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
+from reef.recipe.evaluate import evaluate  # noqa: E402
+from reef.recipe.stage import parse_overrides  # noqa: E402
+from reef.serve_process import ServeProcess  # noqa: E402
+
+TINY = REPO / "data" / "models" / "tiny"
+SCENARIO = demo.SCENARIO
+OUT = REPO / "bench" / "out"
+# Base-model files that are weights or build metadata: a trained model folder writes its own.
+_NOT_COPIED = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "reef-model.json"}
+# Bound to the real stdout: trainers' log dicts printed during training go to a log file instead.
+console = Console(file=sys.stdout, width=120)
+
+
+@dataclass
+class Round:
+    round: int
+    requests: int  # chats recorded this round (simulated users, follow-up turns included)
+    traffic_mean_score: float
+    samples_seen: int  # recorded samples so far (all rounds)
+    snapshot_records: int
+    snapshot_counts: dict[str, int]
+    train_samples: int | None
+    train_s: float
+    eval_s: float
+    candidate: str
+    candidate_success: float
+    baseline_success: float
+    delta: float
+    delta_stderr: float | None
+
+
+@dataclass
+class Result:
+    config: dict[str, Any]
+    serve_start_s: float = 0.0
+    simulate_s: float = 0.0
+    rounds: list[Round] = field(default_factory=list)
+    base_success: float | None = None
+    grpo: dict[str, Any] | None = None
+    elapsed_s: float = 0.0
+
+
+def wait_flushed(url: str, expected_records: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Until the scenario's records and reports are all in parquet (and at least `expected_records`)."""
+    deadline = time.monotonic() + timeout_s
+    s: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        s = httpx.get(f"{url}/reef/status", timeout=10).json()["scenarios"].get(SCENARIO, {})
+        if (s.get("records", 0) >= expected_records and not s.get("unflushed_records")
+                and not s.get("unflushed_reports")):
+            return s
+        time.sleep(0.25)
+    raise TimeoutError(f"gateway did not flush {expected_records} records within {timeout_s} s: {s}")
+
+
+def copy_model_files(base: Path, out: Path) -> None:
+    """Tokenizer/config files of `base` into `out`, as a recipe's full candidate has them."""
+    out.mkdir(parents=True, exist_ok=True)
+    for item in base.iterdir():
+        if item.is_file() and item.name not in _NOT_COPIED:
+            shutil.copy2(item, out / item.name)
+
+
+@contextlib.contextmanager
+def quiet(log: Path) -> Iterator[None]:
+    """Trainers print their log dicts to stdout: append them to `log`, keep the console for progress."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f, contextlib.redirect_stdout(f):
+        yield
+
+
+def learning_round(r: int, data_dir: Path, work: Path, base: Path, args: argparse.Namespace,
+                   overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], float, float]:
+    """Snapshot the new traffic, train a candidate on it, evaluate it on the held-out prompts."""
+    params = {"base_model": str(base), "seed": r, **overrides}
+    recipe = load_recipe(args.recipe, params)
+    snap = Snapshot.create(SCENARIO, data_dir, recipe.experience(), root=work / "snapshots",
+                           ledger_root=work / "ledger")
+    t0 = time.perf_counter()
+    with (console.status(f"round {r}: training {recipe.name} ({recipe.config.kind}, {recipe.config.max_steps} "
+                         f"steps) on {len(snap.record_ids)} records..."), quiet(work / "train.log")):
+        candidate = recipe.run(snap, out_root=work / "candidates", progress=False)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with (console.status(f"round {r}: evaluating on {len(demo.eval_tasks())} held-out prompts..."),
+          quiet(work / "train.log")):
+        metrics = evaluate(candidate.path, TINY, SCENARIO, samples=args.eval_samples, seed=args.eval_seed,
+                           out=candidate.path / "eval.json")
+    return candidate.to_json() | {"snapshot": snap.manifest}, metrics, train_s, time.perf_counter() - t0
+
+
+def run_grpo(samples: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Plain TRL GRPOTrainer on the base model: TRL samples `samples` completions itself (with
+    transformers, no vLLM), rewarded by the demo verifier."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    g, batch = args.grpo_generations, args.grpo_batch
+    steps = max(1, round(samples / batch))
+    tasks = demo.train_tasks(args.seed)
+    by_id = {t.task_id: t for t in tasks}
+    prompts = [tasks[i % len(tasks)] for i in range(steps * batch // g)]
+    dataset = Dataset.from_dict({"prompt": [t.messages for t in prompts], "task_id": [t.task_id for t in prompts]})
+
+    def reward(prompts: list[Any], completions: list[Any], task_id: list[str], **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [demo.score(by_id[t], text) for text, t in zip(texts, task_id, strict=True)]
+
+    config = GRPOConfig(
+        output_dir=str(out / ".trainer"), max_steps=steps, per_device_train_batch_size=batch, num_generations=g,
+        max_completion_length=16, temperature=1.0, learning_rate=args.grpo_lr, lr_scheduler_type="constant",
+        warmup_steps=0, seed=args.seed, data_seed=args.seed,
+        # Per the CPU notes: TRL's defaults (bf16, gradient checkpointing) only cost time on CPU.
+        bf16=False, gradient_checkpointing=False, use_cpu=True,
+        save_strategy="no", report_to=[], logging_steps=max(1, steps // 4), dataloader_num_workers=0,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(args.seed)
+        model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(TINY)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                              processing_class=tokenizer)
+        t0 = time.perf_counter()
+        with quiet(out.parent / "train.log"):  # the progress bar stays (stderr), the log dicts go to the file
+            result = trainer.train()
+        train_s = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    shutil.rmtree(out / ".trainer", ignore_errors=True)
+    copy_model_files(TINY, out)
+    trainer.model.save_pretrained(out)
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    t0 = time.perf_counter()
+    metrics = evaluate(out, TINY, SCENARIO, samples=args.eval_samples, seed=args.eval_seed, out=out / "eval.json")
+    return {
+        "samples": steps * batch, "prompts": len(prompts), "num_generations": g, "steps": steps,
+        "learning_rate": args.grpo_lr, "train_s": train_s, "eval_s": time.perf_counter() - t0,
+        "train_loss": result.metrics.get("train_loss"), "train_reward_first": rewards[0] if rewards else None,
+        "train_reward_last": rewards[-1] if rewards else None, "metrics": metrics,
+        "candidate_success": metrics["candidate_success"], "path": str(out),
+    }
+
+
+def plot(result: Result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [0] + [r.samples_seen for r in result.rounds]
+    ys = [result.base_success or 0.0] + [r.candidate_success for r in result.rounds]
+    ax.plot(xs, ys, "o-", color="#2a7fbf", label=f"Reef loop ({result.config['recipe']} candidates)")
+    ax.axhline(result.base_success or 0.0, color="grey", ls=":", label="base model (served)")
+    if result.grpo:
+        ax.plot([result.grpo["samples"]], [result.grpo["candidate_success"]], "s", color="#d9822b", ms=9,
+                label="plain TRL GRPOTrainer, same samples")
+    ax.axhline(0.8, color="#3a9a3a", ls="--", lw=0.8, label="target 80 %")
+    ax.set_xlabel("recorded samples (prompts x completions)")
+    ax.set_ylabel("held-out success (80 prompts)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"demo-add: held-out success vs. traffic ({result.elapsed_s:.0f} s on {os.cpu_count()} cores)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(result: Result) -> None:
+    table = Table(title=f"held-out success on {SCENARIO} (80 prompts x {result.config['eval_samples']} samples, "
+                        f"temperature 1)")
+    # "sampled reward": mean verifier score of the samples trained on, as they were generated (the
+    # loop's come from the served base model; GRPO's from its own policy, first -> last logged step).
+    for col in ("model", "trained on", "sampled reward", "train samples", "train s", "held-out success", "vs. base"):
+        table.add_column(col, justify="right" if col != "model" else "left")
+    table.add_row("base (served by vLLM)", "-", "-", "-", "-", f"{result.base_success:.1%}", "-")
+    for r in result.rounds:
+        err = f" ± {r.delta_stderr:.1%}" if r.delta_stderr is not None else ""
+        table.add_row(f"round {r.round} ({result.config['recipe']})", f"{r.samples_seen} recorded",
+                      f"{r.traffic_mean_score:.1%}", str(r.train_samples if r.train_samples is not None else "-"),
+                      f"{r.train_s:.1f}", f"{r.candidate_success:.1%}", f"{r.delta:+.1%}{err}")
+    if result.grpo:
+        g = result.grpo
+        err = f" ± {g['metrics']['delta_stderr']:.1%}" if g["metrics"]["delta_stderr"] is not None else ""
+        table.add_row("TRL GRPOTrainer, no vLLM", f"{g['samples']} generated",
+                      f"{g['train_reward_first']:.0%} -> {g['train_reward_last']:.0%}",
+                      f"{g['prompts']} x {g['num_generations']}", f"{g['train_s']:.1f}",
+                      f"{g['candidate_success']:.1%}", f"{g['metrics']['delta']:+.1%}{err}")
+    console.print(table)
+
+    best = max(result.rounds, key=lambda r: r.candidate_success) if result.rounds else None
+    side = Table(title="side by side: same number of samples")
+    for col in ("", "Reef loop (served traffic, best candidate)", "plain TRL GRPOTrainer"):
+        side.add_column(col, justify="right")
+    if best is not None and result.grpo:
+        g = result.grpo
+        side.add_row("samples", str(result.rounds[-1].samples_seen), str(g["samples"]))
+        side.add_row("held-out success", f"{best.candidate_success:.1%} (round {best.round})",
+                     f"{g['candidate_success']:.1%}")
+        side.add_row("training time (s)", f"{sum(r.train_s for r in result.rounds):.1f} (all rounds)",
+                     f"{g['train_s']:.1f} (generation included)")
+        side.add_row("generation", f"vLLM via reef serve, {result.simulate_s:.1f} s", "transformers, inside TRL")
+        console.print(side)
+
+    base_ok = result.base_success is not None and result.base_success <= 0.30
+    best_ok = best is not None and best.candidate_success >= 0.80
+    time_ok = result.elapsed_s <= 600
+    mark = {True: "[green]ok[/green]", False: "[red]MISSED[/red]"}
+    console.print(f"targets: base <= 30 %: {mark[base_ok]} ({result.base_success:.1%}); best candidate >= 80 %: "
+                  f"{mark[best_ok]} ({best.candidate_success if best else 0:.1%}); elapsed <= 600 s: "
+                  f"{mark[time_ok]} ({result.elapsed_s:.0f} s)")
+    console.print("[dim]note: the served model stayed the base model throughout (releasing candidates into the "
+                  "server is a later issue), so every round's traffic was sampled from the base model.[/dim]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=512, help="simulated chats per round")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--recipe", default="rft", help="recipe name or module:Class")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="recipe parameter override (repeatable), e.g. max_steps=30 kind=lora")
+    parser.add_argument("--no-chain", action="store_true",
+                        help="train every round's candidate from the base model (default: from the previous one)")
+    parser.add_argument("--eval-samples", type=int, default=8, help="samples per held-out prompt")
+    parser.add_argument("--eval-seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-grpo", action="store_true", help="skip the plain TRL GRPOTrainer comparison")
+    parser.add_argument("--grpo-generations", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--grpo-batch", type=int, default=32, help="completions per step")
+    parser.add_argument("--grpo-lr", type=float, default=1e-4)
+    parser.add_argument("--workdir", type=Path, help="keep the server data, snapshots and candidates here "
+                                                     "(default: a temporary folder, removed afterwards)")
+    parser.add_argument("--out", type=Path, default=OUT / "learning.json")
+    parser.add_argument("--plot", type=Path, default=OUT / "learning.png")
+    args = parser.parse_args(argv)
+    overrides = {"max_steps": 30, **parse_overrides(args.param)}
+
+    if not (TINY / "config.json").is_file():
+        console.print(f"[red]{TINY} is missing: build it with `make model`[/red]")
+        return 2
+    started = time.perf_counter()
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()  # model/dataset loading bars; the trainers' own bars stay
+    transformers.utils.logging.disable_progress_bar()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="reef-learning-"))
+    work.mkdir(parents=True, exist_ok=True)
+    # `reef serve` without --model serves data/models/tiny under its cwd: a copy of the repo's model.
+    shutil.copytree(TINY, work / "data" / "models" / "tiny", dirs_exist_ok=True)
+    # Reuse the repo's vLLM compile cache (a warm cache halves vLLM's startup).
+    cache = REPO / "data" / "cache"
+    env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+    result = Result(config={**vars(args), "recipe_params": overrides, "workdir": str(work), "cpus": os.cpu_count()})
+    result.config = {k: str(v) if isinstance(v, Path) else v for k, v in result.config.items()}
+
+    server = ServeProcess(work, env=env)
+    console.print(f"workdir {work}; starting reef serve with a managed vLLM (embedded tiny model)...")
+    t0 = time.perf_counter()
+    with console.status("starting reef serve + vLLM (30-90 s on 2 cores)..."):
+        server.start()
+    result.serve_start_s = time.perf_counter() - t0
+    console.print(f"reef serve up at {server.url} in {result.serve_start_s:.0f} s")
+    base = TINY
+    seen = 0
+    try:
+        for r in range(1, args.rounds + 1):
+            t0 = time.perf_counter()
+            summary = simulate(server.url, scenario=SCENARIO, requests=args.requests, concurrency=args.concurrency,
+                               seed=args.seed + r)
+            result.simulate_s += time.perf_counter() - t0
+            if summary.errors:
+                console.print(f"[yellow]{summary.errors} simulated chats failed[/yellow]")
+            seen += summary.requests
+            with console.status("waiting for the gateway to flush..."):
+                wait_flushed(server.url, seen)
+            console.print(f"round {r}: {summary.requests} chats recorded in {time.perf_counter() - t0:.1f} s "
+                          f"(mean reward {summary.mean_score:.3f}), {seen} so far")
+            try:
+                cand, metrics, train_s, eval_s = learning_round(r, server.data_dir, work, base, args, overrides)
+            except (EmptySnapshotError, ValueError) as exc:  # e.g. online_rl: no group with a reward spread yet
+                console.print(f"[yellow]round {r}: nothing to train on yet ({exc}); the records wait for the "
+                              f"next round[/yellow]")
+                continue
+            result.base_success = metrics["baseline_success"]
+            result.rounds.append(Round(
+                round=r, requests=summary.requests, traffic_mean_score=summary.mean_score, samples_seen=seen,
+                snapshot_records=len(cand["snapshot"]["record_ids"]), snapshot_counts=cand["snapshot"]["counts"],
+                train_samples=cand["metrics"].get("train_samples"), train_s=train_s, eval_s=eval_s,
+                candidate=cand["path"], candidate_success=metrics["candidate_success"],
+                baseline_success=metrics["baseline_success"], delta=metrics["delta"],
+                delta_stderr=metrics["delta_stderr"],
+            ))
+            console.print(f"round {r}: candidate {Path(cand['path']).name}: held-out success "
+                          f"{metrics['candidate_success']:.1%} (base {metrics['baseline_success']:.1%}), "
+                          f"train {train_s:.1f} s, eval {eval_s:.1f} s; elapsed {time.perf_counter() - started:.0f} s")
+            if not args.no_chain and cand["kind"] == "full":
+                base = Path(cand["path"])
+    finally:
+        with console.status("stopping reef serve..."):
+            server.stop()
+
+    if not args.no_grpo and seen:
+        console.print(f"plain TRL GRPOTrainer on the base model, {seen} samples "
+                      f"({args.grpo_generations} completions per prompt), generating with transformers...")
+        result.grpo = run_grpo(seen, work / "grpo", args)
+        console.print(f"GRPOTrainer: held-out success {result.grpo['candidate_success']:.1%}, "
+                      f"train {result.grpo['train_s']:.1f} s")
+    result.elapsed_s = time.perf_counter() - started
+
+    report(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
+    plot(result, args.plot)
+    console.print(f"saved {args.out} and {args.plot}; total elapsed {result.elapsed_s:.0f} s")
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

