@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from reef.durable import fsync_dir, fsync_file
 from reef.experience.schema import TABLES
-from reef.experience.wal import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def write_shard(
         # A path, not a Python file object: arrow then writes natively, without taking the GIL.
         pq.write_table(arrow, str(tmp), compression="zstd")
         if fsync:
-            _fsync_file(tmp)
+            fsync_file(tmp)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -174,15 +174,7 @@ def ensure_card(data_dir: Path, scenario: str, *, fsync: bool) -> None:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(CARD.format(scenario=scenario))
     if fsync:
-        _fsync_file(tmp)
+        fsync_file(tmp)
     os.replace(tmp, card)
     if fsync:
         fsync_dir(card.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

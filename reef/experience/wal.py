@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from reef.durable import fsync_dir
+
 log = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".log"
@@ -72,15 +74,6 @@ def decode(line: bytes) -> WalEntry | None:
 
 def segment_path(directory: Path, seq: int) -> Path:
     return directory / f"{seq:08d}{SEGMENT_SUFFIX}"
-
-
-def fsync_dir(directory: Path) -> None:
-    # A new or renamed file is only durable once its directory entry is.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _datasync = getattr(os, "fdatasync", os.fsync)

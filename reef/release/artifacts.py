@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.release._io import fsync_dir, fsync_file
+from reef.durable import fsync_dir, fsync_file
 from reef.release.schema import (
     CONTENT_ID_RE,
     ArtifactFile,

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.release._io import fsync_dir, replace_atomically, write_all
+from reef.durable import fsync_dir, replace_atomically, write_all
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import (
     ArtifactKind,

@@ -1,8 +1,5 @@
-"""Durable file primitives for the release package.
-
-The same rules as reef.experience.wal (a file is durable once fsynced, a new or renamed entry once
-its directory is), kept here because importing reef.experience pulls in datasets and polars, and
-release bookkeeping runs in light processes (CLI commands, publishers) that need neither.
+"""Durable file primitives: a file is durable once fsynced, a new or renamed entry once its
+directory is. Standard library only, so light processes (CLI commands, publishers) can use them.
 """
 
 from __future__ import annotations
