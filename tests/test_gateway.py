@@ -336,7 +336,9 @@ def test_experience_readable_by_datasets_and_polars(gateway: Gateway) -> None:
 def test_client_disconnect_mid_stream_still_records(gateway: Gateway) -> None:
     with httpx.Client(base_url=gateway.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json={
-            "model": MODEL_NAME, "messages": HELLO, "max_tokens": 200, "ignore_eos": True, "stream": True,
+            # Long enough that the hang-up lands mid-stream on a CPU; a faster machine may finish first,
+            # and the record must exist either way.
+            "model": MODEL_NAME, "messages": HELLO, "max_tokens": 900, "ignore_eos": True, "stream": True,
         }) as resp:
             record_id = resp.headers["x-reef-agent-record-id"]
             next(resp.iter_bytes())  # one event, then hang up
@@ -348,4 +350,4 @@ def test_client_disconnect_mid_stream_still_records(gateway: Gateway) -> None:
         time.sleep(0.2)
     assert found.status_code == 200, "what was generated before the hang-up is experience too"
     rec = found.json()
-    assert rec["stream"] is True and len(rec["choices"][0]["token_ids"]) < 200
+    assert rec["stream"] is True and 0 < len(rec["choices"][0]["token_ids"]) <= 900
