@@ -74,7 +74,7 @@ def candidates(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def engine(tiny: Path, candidates: dict[str, Candidate]) -> Iterator[str]:
     # Depends on `candidates`: training runs before vLLM takes the CPU.
     engine_config = EngineConfig(dtype="float32", extra_args=["--enable-lora", "--max-lora-rank", "16",
-                                                              "--max-loras", "2"])
+                                                              "--max-loras", "4"])
     config = ServeConfig(model=str(tiny), served_model_name=BASE_NAME, data_dir=REPO / "data", engine=engine_config)
     ARTIFACTS.mkdir(exist_ok=True)
     supervisor = CandidateEngine(config, ARTIFACTS / "vllm-candidates.log")
@@ -142,6 +142,32 @@ def test_lora_candidate_loads_at_runtime_and_answers(engine: str, candidates: di
     assert off < LOGPROB_TOL, f"served logprobs differ from the candidate's by {off:.3g}"
     # The base model still answers under its own name next to the adapter.
     assert chat(engine, BASE_NAME, PROMPTS[0])["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("recipe", ["online_rl", "kto", "ttt", "self_play"])
+def test_every_recipe_writes_an_adapter_vllm_serves(engine: str, tiny: Path, tmp_path: Path, recipe: str) -> None:
+    """Each recipe's LoRA candidate loads at runtime and vLLM serves exactly its weights."""
+    data = tmp_path / "data"
+    record_demo_traffic(tiny, data, prompts=16, samples=4, seed=5)
+    params: dict[str, Any] = {"base_model": str(tiny), "kind": "lora", "lora_r": 8, "max_steps": 3,
+                              "learning_rate": 5e-3}
+    if recipe == "online_rl":
+        params["group_by"] = "prompt"
+    rec = load_recipe(recipe, params)
+    snap = Snapshot.create(demo.SCENARIO, data, rec.experience(), root=tmp_path / "snapshots",
+                           ledger_root=tmp_path / "ledger", allow_empty=not rec.needs_experience)
+    cand = rec.run(snap, out_root=tmp_path / "out", progress=False, consume=False)
+    assert cand.kind == "lora" and (cand.path / "adapter_config.json").is_file()
+    name = f"cand-{cand.id}"
+    resp = httpx.post(f"{engine}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(cand.path)},
+                      timeout=60)
+    assert resp.status_code == 200, resp.text
+    cand_model, _ = load_model(cand.path)
+    reply = chat(engine, name, PROMPTS[0])
+    assert reply["completion_ids"] and len(reply["completion_ids"]) == len(reply["logprobs"])
+    ids = reply["prompt_ids"] + reply["completion_ids"]
+    off = float((torch.tensor(reply["sequence_logprobs"]) - hf_logprobs(cand_model, ids)).abs().max())
+    assert off < LOGPROB_TOL, f"{recipe}: served logprobs differ from the candidate's by {off:.3g}"
 
 
 @pytest.fixture(scope="module")
