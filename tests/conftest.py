@@ -29,6 +29,14 @@ def tiny_model() -> Path:
     return TINY
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of the tiny model, for tests that train or load it with other settings."""
+    from tests.recipe_support import copy_tiny
+
+    return copy_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
 @pytest.fixture(scope="session")
 def vllm_url(tiny_model: Path) -> Iterator[str]:
     # For quick iteration on the gateway: reuse a vLLM you started yourself (serving MODEL_NAME).

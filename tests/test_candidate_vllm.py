@@ -28,7 +28,6 @@ from reef.recipe import Candidate, Snapshot, load_recipe
 from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.evaluate import load_model
 from tests.conftest import ARTIFACTS, REPO
-from tests.recipe_support import copy_tiny
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = pytest.mark.vllm
@@ -47,11 +46,6 @@ class CandidateEngine(EngineSupervisor):
         env = super().environment()
         env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1")
         return env
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")

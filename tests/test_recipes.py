@@ -19,15 +19,9 @@ from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.evaluate import evaluate
 from reef.recipe.ledger import ConsumedError, consumed
 from reef.recipe.spec import CANDIDATE_FILE, Candidate
-from tests.recipe_support import copy_tiny
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 SCENARIO = "demo-add"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,9 @@ from reef.recipe import EmptySnapshotError, Snapshot, load_recipe, resolve
 from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.spec import CANDIDATE_FILE
 from reef.recipe.stage import Params, learn_once
-from tests.recipe_support import copy_tiny
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 SCENARIO = "demo-add"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")
