@@ -27,7 +27,10 @@ sys.path.insert(0, str(REPO))
 
 from reef.config import ServeConfig  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
-from tests.conftest import MODEL_NAME, TINY, Gateway  # noqa: E402
+from reef.serve_process import ServeProcess  # noqa: E402
+
+MODEL_NAME = "reef-tiny"
+TINY = REPO / "data" / "models" / "tiny"
 
 console = Console()
 
@@ -93,7 +96,7 @@ def main() -> int:
             vllm_url = engine.start()
     import tempfile
 
-    gw = Gateway(Path(tempfile.mkdtemp(prefix="reef-bench-")), vllm_url).start()
+    gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")), ["--upstream-url", vllm_url]).start()
     results: dict[str, dict[str, float]] = {}
     try:
         for stream in (False, True):

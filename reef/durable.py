@@ -9,15 +9,8 @@ import uuid
 from pathlib import Path
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (which makes entries created or renamed in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -47,4 +40,4 @@ def replace_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None:
         tmp.unlink(missing_ok=True)
         raise
     if fsync:
-        fsync_dir(path.parent)
+        fsync_path(path.parent)

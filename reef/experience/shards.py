@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from reef.durable import fsync_dir, fsync_file
+from reef.durable import fsync_path
 from reef.experience.schema import TABLES
 
 log = logging.getLogger(__name__)
@@ -154,13 +154,13 @@ def write_shard(
         # A path, not a Python file object: arrow then writes natively, without taking the GIL.
         pq.write_table(arrow, str(tmp), compression="zstd")
         if fsync:
-            fsync_file(tmp)
+            fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if fsync:
-        fsync_dir(final.parent)
+        fsync_path(final.parent)
     ensure_card(data_dir, scenario, fsync=fsync)
     return final
 
@@ -174,7 +174,7 @@ def ensure_card(data_dir: Path, scenario: str, *, fsync: bool) -> None:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(CARD.format(scenario=scenario))
     if fsync:
-        fsync_file(tmp)
+        fsync_path(tmp)
     os.replace(tmp, card)
     if fsync:
-        fsync_dir(card.parent)
+        fsync_path(card.parent)

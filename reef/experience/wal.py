@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from reef.durable import fsync_dir
+from reef.durable import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class WriteAheadLog:
         """Delete a rotated segment whose rows are now safely elsewhere."""
         segment.path.unlink(missing_ok=True)
         if self.fsync:
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
 
     # --- appending ---------------------------------------------------------------------------
 
@@ -239,7 +239,7 @@ class WriteAheadLog:
             flags |= _O_DSYNC
         self._fd = os.open(path, flags, 0o644)
         if self.fsync:
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
         self._segment = Segment(seq, path)
 
     # --- the writer thread -------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.durable import fsync_dir, fsync_file
+from reef.durable import fsync_path
 from reef.release.schema import (
     CONTENT_ID_RE,
     ArtifactFile,
@@ -200,9 +200,9 @@ class ArtifactStore:
             )
             (staging / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n")
             if self.fsync:
-                fsync_file(staging / MANIFEST_FILE)
+                fsync_path(staging / MANIFEST_FILE)
                 for d in sorted({(staging / FILES_DIR / p).parent for p in paths} | {staging / FILES_DIR, staging}):
-                    fsync_dir(d)
+                    fsync_path(d)
             return self._install(staging, manifest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -214,7 +214,7 @@ class ArtifactStore:
                 os.link(src, dst)
                 # Hashed after linking: what is hashed is what is stored, whatever src did meanwhile.
                 if self.fsync:
-                    fsync_file(dst)
+                    fsync_path(dst)
                 return ArtifactFile(path=rel, sha256=sha256_file(dst), size=dst.stat().st_size)
             except OSError:  # another filesystem, or links not allowed: copy instead
                 dst.unlink(missing_ok=True)
@@ -248,7 +248,7 @@ class ArtifactStore:
                 os.rename(staging, final)
                 shutil.rmtree(trash, ignore_errors=True)
         if self.fsync:
-            fsync_dir(self.root)
+            fsync_path(self.root)
         return manifest
 
     # --- reading -----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.durable import fsync_dir, replace_atomically, write_all
+from reef.durable import fsync_path, replace_atomically, write_all
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import (
     ArtifactKind,
@@ -222,7 +222,7 @@ class ReleaseChain:
         finally:
             os.close(fd)
         if created and self.fsync:
-            fsync_dir(self.dir)
+            fsync_path(self.dir)
 
     def _write_head(self, release_id: str) -> None:
         replace_atomically(self.head_path, f"{release_id}\n".encode(), fsync=self.fsync)
@@ -281,7 +281,7 @@ class ReleaseChain:
             if want is None:
                 self.head_path.unlink()
                 if self.fsync:
-                    fsync_dir(self.dir)
+                    fsync_path(self.dir)
             else:
                 self._write_head(want)
         for stale in self.dir.glob(f".{HEAD_FILE}.*.tmp"):
