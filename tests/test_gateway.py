@@ -350,4 +350,5 @@ def test_client_disconnect_mid_stream_still_records(gateway: Gateway) -> None:
         time.sleep(0.2)
     assert found.status_code == 200, "what was generated before the hang-up is experience too"
     rec = found.json()
-    assert rec["stream"] is True and 0 < len(rec["choices"][0]["token_ids"]) <= 900
+    # The hang-up may come before the first token: then the record holds the prompt and no tokens.
+    assert rec["stream"] is True and len(rec["choices"][0]["token_ids"]) <= 900
