@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,10 +31,13 @@ class EngineConfig(_Strict):
 
     port: int | None = Field(default=None, description="private loopback port; free port if unset")
     max_model_len: int = 1024
-    dtype: str = "bfloat16"
+    dtype: str | None = Field(default=None, description="vLLM --dtype; unset: the checkpoint's own dtype")
     kv_cache_gib: int = Field(default=2, ge=1)
     enforce_eager: bool = False
     startup_timeout_s: float = 600.0
+    enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_loras: int = Field(default=4, ge=1, description="adapters per batch; the head, the previous and a canary")
     extra_args: list[str] = Field(default_factory=list, description="passed to vLLM as they are")
 
 
@@ -62,6 +65,39 @@ class LearnerConfig(_Strict):
     min_records: int = Field(default=1, ge=1, description="eligible new records needed to start a round")
 
 
+Policy = Literal["auto", "approval"]
+
+
+class CanaryConfig(_Strict):
+    """How a canary splits live traffic and when it decides (`POST /reef/scenarios/{s}/canary`)."""
+
+    fraction: float = Field(default=0.1, gt=0, lt=1, description="share of the scenario's requests")
+    min_reports: int = Field(default=30, ge=1, description="reports per arm before deciding")
+    tolerance: float = Field(
+        default=0.0, ge=0, description="promote when candidate mean reward >= head mean - tolerance, else abort"
+    )
+
+
+class ScenarioConfig(_Strict):
+    policy: Policy | None = Field(default=None, description="auto | approval; unset: release.policy")
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+
+
+class ReleaseConfig(_Strict):
+    """The evaluation gate and hot-swap, for every scenario unless `scenarios.<name>` says otherwise."""
+
+    policy: Policy = Field(default="approval", description="auto: a selected candidate is released at once")
+    verify: Literal["tokens", "request"] = Field(
+        default="tokens",
+        description="after a swap, the canary request must reproduce the gate's greedy reply (tokens) or "
+        "only succeed (request: for engines whose numerics differ from transformers')",
+    )
+    keep_adapters: int = Field(default=3, ge=2, description="LoRA adapters kept loaded (head, previous, ...)")
+    gate_samples: int = Field(default=4, ge=1)
+    gate_confidence: float = Field(default=0.95, gt=0, lt=1)
+    gate_min_delta: float = Field(default=0.0, description="select iff the CI's lower bound is above this")
+
+
 class ServeConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8900, ge=0, le=65535)
@@ -80,6 +116,14 @@ class ServeConfig(_Strict):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    release: ReleaseConfig = Field(default_factory=ReleaseConfig)
+    scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
+
+    def scenario(self, name: str) -> ScenarioConfig:
+        return self.scenarios.get(name) or ScenarioConfig()
+
+    def policy(self, scenario: str) -> Policy:
+        return self.scenario(scenario).policy or self.release.policy
 
     @property
     def model_path(self) -> str:

@@ -16,6 +16,7 @@ import uvicorn
 
 from reef.config import DEFAULT_TINY_MODEL, ServeConfig
 from reef.engine.supervisor import EngineSupervisor
+from reef.engine.weights import EngineWeights
 from reef.experience.store import ExperienceStore
 from reef.gateway.app import create_app
 from reef.gateway.routing import Routes
@@ -23,6 +24,7 @@ from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.upstream import Upstream
 from reef.learn.learner import Learner
+from reef.release.publisher import Publisher
 
 log = logging.getLogger("reef.serve")
 
@@ -77,9 +79,11 @@ def serve(config: ServeConfig) -> None:
             upstream=Upstream(base_url, config.upstream.api_key, config.request_timeout_s),
             routes=Routes(config.model_name),
         )
+        # Weights go straight to the engine (vLLM's own endpoints), not through the gateway's routes.
+        state.publisher = Publisher(config, state.routes, state.hold, EngineWeights(base_url, config.upstream.api_key),
+                                    state.canaries)
         if config.learner.enabled:
-            learner = state.learner = Learner(config.learner, data_dir)
-            learner.start()
+            learner = state.learner = Learner(config.learner, data_dir, config.release)
         seed_sessions(state.sessions, data_dir)
         app = create_app(state)
         server = uvicorn.Server(uvicorn.Config(
@@ -112,6 +116,12 @@ def _event_loop_runner():  # noqa: ANN202
 
 async def _run(server: uvicorn.Server, state: GatewayState) -> None:
     try:
+        if state.publisher is not None:
+            await state.publisher.start()  # each scenario's head serves before the first request
+        if state.learner is not None:
+            state.learner.start(state.publisher, asyncio.get_running_loop())
         await server.serve()
     finally:
         await state.upstream.aclose()
+        if state.publisher is not None and state.publisher.weights is not None:
+            await state.publisher.weights.close()

@@ -27,7 +27,7 @@ def test_print_config_precedence(tmp_path: Path) -> None:
     assert lines["port"] == "9001  # file:serve.yaml"
     assert lines["data_dir"] == '"/tmp/reef-x"  # env'
     assert lines["engine.max_model_len"] == "512  # file:serve.yaml"
-    assert lines["engine.dtype"] == '"bfloat16"  # default'
+    assert lines["engine.dtype"] == 'null  # default'
     assert lines["admin_token"] == '"***"  # env', "secrets are never printed"
 
 

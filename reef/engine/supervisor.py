@@ -8,6 +8,7 @@ the whole group (vLLM spawns engine-core workers of its own).
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -34,6 +35,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def checkpoint_dtype(model: str) -> str:
+    """The dtype a local checkpoint was saved in, as transformers loads it ("auto" otherwise).
+
+    vLLM's "auto" downcasts float32 checkpoints; the embedded model then answers differently from
+    the gate's transformers run, and a swap's canary request could not demand the gate's reply."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "auto"
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
 
 
 def _die_with_parent() -> None:
@@ -74,12 +88,14 @@ class EngineSupervisor:
             "--served-model-name", self.config.model_name,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--max-model-len", str(engine.max_model_len),
-            "--dtype", engine.dtype,
+            "--dtype", engine.dtype or checkpoint_dtype(self.config.model_path),
             "--seed", str(self.config.seed),
             "--disable-uvicorn-access-log",
         ]
         if engine.enforce_eager:
             cmd.append("--enforce-eager")
+        if engine.enable_lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras)]
         return cmd + list(engine.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -92,6 +108,10 @@ class EngineSupervisor:
         cache = Path(self.config.data_dir).resolve() / "cache"
         env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        # Hot-swap: adapters load at run time; full weights reload through the dev-mode endpoints
+        # (/pause, /collective_rpc, /resume). vLLM listens on loopback only, behind the gateway.
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        env.setdefault("VLLM_SERVER_DEV_MODE", "1")
         return env
 
     def start(self) -> str:

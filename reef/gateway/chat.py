@@ -139,41 +139,67 @@ async def chat_completions(request: Request) -> Response:
             st.metrics.requests.labels(scenario, "replayed").inc()
             return await _replay(stored, stream)
     record_id = client_id or h.new_id("rec")
-
-    route = st.routes.for_scenario(scenario)
     client_model = body.get("model") or st.config.model_name
-    # Clients keep naming the base model; the route decides what actually serves it.
-    upstream_model = route.model if client_model in (st.config.model_name, route.model) else client_model
     session_header = request.headers.get(h.SESSION)
     session_id = (h.valid_id(session_header, h.SESSION) if session_header else None) \
         or st.sessions.lookup(body["messages"]) or h.new_id("ses")
-    exchange = Exchange(
-        record_id=record_id, scenario=scenario, session_id=session_id, release_id=route.release_id,
-        created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
-        tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
-    )
-    up_body, wants = upstream_request(body, upstream_model)
 
-    st.inflight.begin(record_id, scenario, body_hash)
+    # From picking a route until the engine has the request, a full-weight swap must wait for this
+    # request (EngineHold): it then runs entirely on the weights of the release it records.
+    await st.hold.enter()
+    holding = True
     try:
-        if stream:
-            batches = await st.upstream.stream_chat(up_body)
-            relay = _relay(st, exchange, batches, wants, started)
-            return StreamingResponse(relay, media_type="text/event-stream", headers=_stream_headers(record_id))
-        upstream_response = await st.upstream.chat(up_body)
-        exchange.latency_ms = (time.perf_counter() - started) * 1000
-        client_response = for_client(orjson.loads(orjson.dumps(upstream_response)), wants, client_model)
-        assert client_response is not None
-        await _commit(st, build_record(exchange, upstream_response, client_response))
-        st.metrics.latency.labels(scenario).observe(time.perf_counter() - started)
-        return _json(client_response, record_id)
-    except UpstreamError as exc:
-        st.inflight.finish(record_id, False)
-        st.metrics.requests.labels(scenario, str(exc.status)).inc()
-        return Response(exc.body, status_code=exc.status, media_type="application/json")
-    except BaseException:
-        st.inflight.finish(record_id, False)
-        raise
+        pick = st.routes.pick(scenario)
+        # Clients keep naming the base model; the route decides what actually serves it.
+        upstream_model = pick.model if client_model in (st.config.model_name, pick.model) else client_model
+        exchange = Exchange(
+            record_id=record_id, scenario=scenario, session_id=session_id, release_id=pick.release_id,
+            created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
+            tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
+        )
+        if pick.arm is not None:
+            st.canaries.assign(record_id, scenario, pick.arm)
+        up_body, wants = upstream_request(body, upstream_model)
+
+        st.inflight.begin(record_id, scenario, body_hash)
+        try:
+            if stream:
+                batches = await st.upstream.stream_chat(up_body)
+                # vLLM adds a request to its engine when its stream starts: the first chunk proves it.
+                first = await anext(batches, [])
+                st.hold.exit()
+                holding = False
+                relay = _relay(st, exchange, _prepend(first, batches), wants, started)
+                return StreamingResponse(relay, media_type="text/event-stream", headers=_stream_headers(record_id))
+            upstream_response = await st.upstream.chat(up_body)
+            st.hold.exit()
+            holding = False
+            exchange.latency_ms = (time.perf_counter() - started) * 1000
+            client_response = for_client(orjson.loads(orjson.dumps(upstream_response)), wants, client_model)
+            assert client_response is not None
+            await _commit(st, build_record(exchange, upstream_response, client_response))
+            st.metrics.latency.labels(scenario).observe(time.perf_counter() - started)
+            return _json(client_response, record_id)
+        except UpstreamError as exc:
+            st.inflight.finish(record_id, False)
+            st.metrics.requests.labels(scenario, str(exc.status)).inc()
+            return Response(exc.body, status_code=exc.status, media_type="application/json")
+        except BaseException:
+            st.inflight.finish(record_id, False)
+            raise
+    finally:
+        if holding:
+            st.hold.exit()
+
+
+async def _prepend(first: list[bytes], rest: AsyncIterator[list[bytes]]) -> AsyncIterator[list[bytes]]:
+    try:
+        if first:
+            yield first
+        async for lines in rest:
+            yield lines
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 async def _commit(st: GatewayState, record: Record) -> None:

@@ -8,7 +8,7 @@ import uuid
 from fastapi import Request
 
 from reef.gateway.errors import ReefError
-from reef.gateway.routing import SCENARIO_RE
+from reef.release.schema import SCENARIO_RE
 
 RECORD_ID = "x-reef-agent-record-id"
 SCENARIO = "x-reef-scenario"

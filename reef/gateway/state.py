@@ -11,14 +11,16 @@ from fastapi import Request
 from reef.config import ServeConfig
 from reef.gateway.inflight import InFlight
 from reef.gateway.metrics import GatewayMetrics
-from reef.gateway.routing import Routes
+from reef.gateway.routing import EngineHold, Routes
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.upstream import Upstream
+from reef.release.canary import Canaries
 
 if TYPE_CHECKING:
     from reef.engine.supervisor import EngineSupervisor
     from reef.experience.store import ExperienceStore
     from reef.learn.learner import Learner
+    from reef.release.publisher import Publisher
 
 
 @dataclass
@@ -29,6 +31,9 @@ class GatewayState:
     routes: Routes
     engine: EngineSupervisor | None = None
     learner: Learner | None = None
+    publisher: Publisher | None = None
+    hold: EngineHold = field(default_factory=EngineHold)
+    canaries: Canaries = field(default_factory=Canaries)
     sessions: SessionIndex = field(default_factory=SessionIndex)
     inflight: InFlight = field(default_factory=InFlight)
     inflight_reports: InFlight = field(default_factory=InFlight)

@@ -40,6 +40,8 @@ async def status(request: Request) -> dict[str, Any]:
             "serving_release": route.release_id,
             "serving_model": route.model,
         }
+        if st.publisher is not None:
+            scenarios[name]["serving"] = st.publisher.serving(name)
         st.metrics.unflushed.labels(name).set(scenarios[name]["unflushed_records"])
     engine = st.engine.describe() if st.engine else {"managed": False}
     engine.update({"url": st.upstream.base_url, "healthy": await st.upstream.healthy()})

@@ -1,0 +1,187 @@
+"""Candidates and releases over HTTP: list them, release, roll back, reject, canary.
+
+Admin operations need `Authorization: Bearer <admin_token>` (serve.yaml or REEF_ADMIN_TOKEN).
+Every release and rollback names the head it expects to replace: a stale or concurrent caller
+gets 409 and nothing changes. The contract is docs/release-api.md.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from reef.gateway.errors import ReefError
+from reef.gateway.state import GatewayState, get_state
+from reef.release.artifacts import ArtifactError
+from reef.release.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry
+from reef.release.chain import HeadMovedError, ReleaseError, ReleaseNotFoundError
+from reef.release.publisher import EngineConflictError, NotSelectedError, Publisher, SwapFailedError
+from reef.release.schema import SCENARIO_RE
+
+router = APIRouter()
+
+
+class ReleaseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    candidate: str = Field(min_length=8)
+    expected_parent: str
+    approved_by: str | None = None
+
+
+class RollbackIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    release_id: str
+    expected_parent: str
+    approved_by: str | None = None
+
+
+class RejectIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1)
+    by: str | None = None
+
+
+class CanaryIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    candidate: str = Field(min_length=8)
+    fraction: float | None = Field(default=None, gt=0, lt=1)
+
+
+def _admin(request: Request) -> GatewayState:
+    st = get_state(request)
+    token = st.config.admin_token
+    if not token:
+        raise ReefError(403, "admin operations are disabled: set admin_token in serve.yaml or REEF_ADMIN_TOKEN",
+                        code="admin_disabled")
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise ReefError(401, "this operation needs the admin token: Authorization: Bearer <token>",
+                        code="invalid_admin_token")
+    return st
+
+
+def _publisher(st: GatewayState) -> Publisher:
+    if st.publisher is None:
+        raise ReefError(503, "releases are not available on this server", code="no_publisher")
+    return st.publisher
+
+
+def _scenario(scenario: str) -> str:
+    if not SCENARIO_RE.match(scenario):
+        raise ReefError(404, f"no scenario {scenario!r}", param="scenario", code="not_found")
+    return scenario
+
+
+def _as_http(exc: Exception) -> ReefError:
+    if isinstance(exc, HeadMovedError):
+        return ReefError(409, f"{exc}; nothing changed. Reload and decide again.", param="expected_parent",
+                         code="head_moved")
+    if isinstance(exc, NotSelectedError):
+        return ReefError(409, str(exc), param="candidate", code="not_selected")
+    if isinstance(exc, EngineConflictError):
+        return ReefError(409, str(exc), code="engine_conflict")
+    if isinstance(exc, CandidateNotFoundError | ReleaseNotFoundError):
+        return ReefError(404, str(exc), code="not_found")
+    if isinstance(exc, SwapFailedError):
+        return ReefError(502, f"swap failed, the previous release keeps serving: {exc}", code="swap_failed")
+    if isinstance(exc, CandidateError | ReleaseError | ArtifactError):
+        return ReefError(409, str(exc), code="release_refused")
+    raise exc
+
+
+@router.get("/reef/scenarios/{scenario}/releases")
+async def list_releases(scenario: str, request: Request) -> dict[str, Any]:
+    st = get_state(request)
+    publisher = _publisher(st)
+    releases = publisher.chain(_scenario(scenario)).releases()
+    return {"scenario": scenario, "head": releases[-1].model_dump(mode="json") if releases else None,
+            "releases": [r.model_dump(mode="json") for r in releases], "serving": publisher.serving(scenario)}
+
+
+@router.post("/reef/scenarios/{scenario}/releases", status_code=201)
+async def release(scenario: str, body: ReleaseIn, request: Request) -> dict[str, Any]:
+    st = _admin(request)
+    publisher = _publisher(st)
+    try:
+        made, swap = await publisher.release(_scenario(scenario), body.candidate, body.expected_parent,
+                                             approved_by=body.approved_by or "admin")
+    except Exception as exc:  # noqa: BLE001 - mapped to a status, or re-raised as a 500
+        raise _as_http(exc) from exc
+    return {"release": made.model_dump(mode="json"), "serving": publisher.serving(scenario), "swap": swap}
+
+
+@router.post("/reef/scenarios/{scenario}/rollback", status_code=201)
+async def rollback(scenario: str, body: RollbackIn, request: Request) -> dict[str, Any]:
+    st = _admin(request)
+    publisher = _publisher(st)
+    try:
+        made, swap = await publisher.rollback(_scenario(scenario), body.release_id, body.expected_parent,
+                                              approved_by=body.approved_by or "admin")
+    except Exception as exc:  # noqa: BLE001
+        raise _as_http(exc) from exc
+    return {"release": made.model_dump(mode="json"), "serving": publisher.serving(scenario), "swap": swap}
+
+
+@router.get("/reef/candidates")
+async def list_candidates(request: Request, scenario: str | None = None) -> dict[str, Any]:
+    st = get_state(request)
+    scenarios = [_scenario(scenario)] if scenario else CandidateRegistry.scenarios(st.config.data_dir)
+    views = [v for s in scenarios for v in CandidateRegistry(st.config.data_dir, s).list()]
+    views.sort(key=lambda v: v.created_at, reverse=True)
+    return {"candidates": [v.model_dump(mode="json") for v in views]}
+
+
+def _find(st: GatewayState, candidate_id: str) -> CandidateRegistry:
+    for s in CandidateRegistry.scenarios(st.config.data_dir):
+        registry = CandidateRegistry(st.config.data_dir, s)
+        if any(v.candidate_id.startswith(candidate_id) for v in registry.list()):
+            return registry
+    raise ReefError(404, f"no candidate {candidate_id!r}", code="not_found")
+
+
+@router.get("/reef/candidates/{candidate_id}")
+async def get_candidate(candidate_id: str, request: Request) -> dict[str, Any]:
+    st = get_state(request)
+    try:
+        return _find(st, candidate_id).get(candidate_id, details=True).model_dump(mode="json")
+    except CandidateNotFoundError as exc:
+        raise ReefError(404, str(exc), code="not_found") from exc
+
+
+@router.post("/reef/candidates/{candidate_id}/reject")
+async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
+    st = _admin(request)
+    try:
+        return _find(st, candidate_id).reject(candidate_id, body.reason, body.by or "admin").model_dump(mode="json")
+    except Exception as exc:  # noqa: BLE001
+        raise _as_http(exc) from exc
+
+
+@router.post("/reef/scenarios/{scenario}/canary", status_code=201)
+async def start_canary(scenario: str, body: CanaryIn, request: Request) -> dict[str, Any]:
+    st = _admin(request)
+    try:
+        canary = await _publisher(st).start_canary(_scenario(scenario), body.candidate, body.fraction)
+    except Exception as exc:  # noqa: BLE001
+        raise _as_http(exc) from exc
+    return canary.public()
+
+
+@router.delete("/reef/scenarios/{scenario}/canary")
+async def stop_canary(scenario: str, request: Request) -> dict[str, Any]:
+    st = _admin(request)
+    canary = await _publisher(st).stop_canary(_scenario(scenario))
+    if canary is None:
+        raise ReefError(404, f"no canary runs for {scenario}", code="not_found")
+    return canary.public()
+
+
+@router.get("/reef/scenarios/{scenario}/canary")
+async def get_canary(scenario: str, request: Request) -> dict[str, Any]:
+    found = get_state(request).canaries.describe(_scenario(scenario))
+    if found is None:
+        raise ReefError(404, f"no canary for {scenario}", code="not_found")
+    return found

@@ -1,0 +1,277 @@
+"""The candidate register: which candidates a scenario has, what the gate said, who rejected or
+released them.
+
+    <data_dir>/releases/<scenario>/candidates.jsonl   one CandidateEvent per line, append-only
+    <data_dir>/releases/<scenario>/gate/<id>.json     the gate's per-prompt outputs (for people)
+
+A candidate's state is the fold of its events, so nothing is ever edited in place and the file is
+its own audit log. Registering imports the candidate folder into the content-addressed artifact
+store; the candidate id is the artifact's content id, so registering the same weights twice is one
+candidate.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reef.durable import fsync_path, replace_atomically, write_all
+from reef.release.artifacts import ArtifactStore
+from reef.release.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
+
+CANDIDATES_FILE = "candidates.jsonl"
+LOCK_FILE = "CANDIDATES.LOCK"
+GATE_DIR = "gate"
+MIN_PREFIX = 8
+
+Status = Literal["registered", "selected", "rejected", "released"]
+EventKind = Literal["registered", "evaluated", "rejected", "released"]
+
+
+class CandidateError(RuntimeError):
+    pass
+
+
+class CandidateNotFoundError(CandidateError, LookupError):
+    pass
+
+
+class PromptOutcome(BaseModel):
+    messages: list[dict[str, Any]]
+    candidate_replies: list[str]
+    head_replies: list[str]
+    candidate_score: float
+    head_score: float
+
+
+class Probe(BaseModel):
+    """A greedy reply the candidate must reproduce once it serves: how a swap proves what serves."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    text: str
+
+
+class GateResult(BaseModel):
+    decision: Literal["select", "reject"]
+    reason: str
+    head_release_id: str | None = None
+    candidate_success: float | None = None
+    head_success: float | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    prompts: int = 0
+    samples_per_prompt: int = 0
+    wins: int = 0
+    losses: int = 0
+    ties: int = 0
+    probe: Probe | None = None
+    evaluated_at: datetime = Field(default_factory=utcnow)
+    seconds: float | None = None
+    per_prompt: list[PromptOutcome] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """A release's `evaluation` field: the decision and its numbers, without per-prompt outputs."""
+        return self.model_dump(mode="json", exclude={"per_prompt", "probe"})
+
+
+class CandidateEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_id: str
+    event: EventKind
+    at: datetime = Field(default_factory=utcnow)
+    by: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class CandidateView(BaseModel):
+    """A candidate as of its latest event: what the API and the dashboard show."""
+
+    candidate_id: str
+    scenario: str
+    kind: ArtifactKind
+    status: Status
+    source: str | None = None
+    source_id: str | None = None  # the recipe's own id (`<scenario>-<hash>`), for people
+    created_at: datetime
+    lineage: ReleaseLineage | None = None
+    train_metrics: dict[str, Any] = Field(default_factory=dict)
+    gate: GateResult | None = None
+    rejected_by: str | None = None
+    reject_reason: str | None = None
+    release_id: str | None = None
+
+
+class CandidateRegistry:
+    def __init__(self, data_dir: Path | str, scenario: str, *, fsync: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.scenario = validate_scenario(scenario)
+        self.dir = self.data_dir / "releases" / scenario
+        self.path = self.dir / CANDIDATES_FILE
+        self.fsync = fsync
+
+    @classmethod
+    def scenarios(cls, data_dir: Path | str) -> list[str]:
+        root = Path(data_dir) / "releases"
+        return sorted(p.parent.name for p in root.glob(f"*/{CANDIDATES_FILE}")) if root.is_dir() else []
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def events(self) -> list[CandidateEvent]:
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(CandidateEvent.model_validate_json(line))
+            except ValueError:
+                continue  # a torn last line: never acknowledged
+        return out
+
+    def list(self) -> list[CandidateView]:
+        """Every candidate, newest first."""
+        views: dict[str, CandidateView] = {}
+        for ev in self.events():
+            if ev.event == "registered":
+                views[ev.candidate_id] = CandidateView.model_validate(
+                    {**ev.data, "candidate_id": ev.candidate_id, "scenario": self.scenario, "status": "registered"}
+                )
+                continue
+            view = views.get(ev.candidate_id)
+            if view is None:
+                continue
+            if ev.event == "evaluated":
+                gate = GateResult.model_validate(ev.data)
+                status: Status = "selected" if gate.decision == "select" else "rejected"
+                views[ev.candidate_id] = view.model_copy(update={"gate": gate, "status": status})
+            elif ev.event == "rejected":
+                views[ev.candidate_id] = view.model_copy(
+                    update={"status": "rejected", "rejected_by": ev.by, "reject_reason": ev.data.get("reason")}
+                )
+            elif ev.event == "released":
+                views[ev.candidate_id] = view.model_copy(
+                    update={"status": "released", "release_id": ev.data.get("release_id")}
+                )
+        return sorted(views.values(), key=lambda v: v.created_at, reverse=True)
+
+    def get(self, candidate_id: str, *, details: bool = False) -> CandidateView:
+        """By id or unique prefix (>= 8 characters); with `details`, the gate's per-prompt outputs."""
+        matches = [v for v in self.list() if v.candidate_id.startswith(candidate_id)]
+        if len(candidate_id) < MIN_PREFIX or not matches:
+            raise CandidateNotFoundError(f"no candidate {candidate_id!r} in scenario {self.scenario}")
+        if len(matches) > 1:
+            raise CandidateNotFoundError(f"{candidate_id!r} matches {len(matches)} candidates; give more of the id")
+        view = matches[0]
+        if details and view.gate is not None:
+            path = self.dir / GATE_DIR / f"{view.candidate_id}.json"
+            if path.is_file():
+                outcomes = [PromptOutcome.model_validate(o) for o in json.loads(path.read_text())]
+                view = view.model_copy(update={"gate": view.gate.model_copy(update={"per_prompt": outcomes})})
+        return view
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def register(self, candidate_dir: Path | str, artifacts: ArtifactStore | None = None) -> CandidateView:
+        """Import a recipe's candidate folder; the existing view when these weights are registered."""
+        src = Path(candidate_dir)
+        meta = json.loads((src / "candidate.json").read_text()) if (src / "candidate.json").is_file() else {}
+        if meta.get("scenario") not in (None, self.scenario):
+            raise CandidateError(f"{src} is a candidate for {meta['scenario']}, not {self.scenario}")
+        store = artifacts or ArtifactStore.for_data_dir(self.data_dir)
+        manifest = store.import_candidate(src)
+        with self._locked():
+            for view in self.list():
+                if view.candidate_id == manifest.content_id:
+                    return view
+            self._append(CandidateEvent(candidate_id=manifest.content_id, event="registered", data={
+                "kind": manifest.kind, "source": str(src.resolve()), "source_id": meta.get("id"),
+                "created_at": utcnow().isoformat(),
+                "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
+                "train_metrics": meta.get("metrics") or {},
+            }))
+        return self.get(manifest.content_id)
+
+    def record_gate(self, candidate_id: str, result: GateResult) -> CandidateView:
+        if result.per_prompt is not None:
+            (self.dir / GATE_DIR).mkdir(parents=True, exist_ok=True)
+            replace_atomically(
+                self.dir / GATE_DIR / f"{candidate_id}.json",
+                json.dumps([o.model_dump(mode="json") for o in result.per_prompt]).encode(), fsync=self.fsync,
+            )
+        summary = result.model_dump(mode="json", exclude={"per_prompt"})
+        with self._locked():
+            self._append(CandidateEvent(candidate_id=candidate_id, event="evaluated", data=summary))
+        return self.get(candidate_id)
+
+    def reject(self, candidate_id: str, reason: str, by: str | None = None) -> CandidateView:
+        with self._locked():
+            view = self.get(candidate_id)
+            if view.status == "released":
+                raise CandidateError(f"{view.candidate_id[:12]} is released as {view.release_id}: roll back instead")
+            self._append(CandidateEvent(candidate_id=view.candidate_id, event="rejected", by=by,
+                                        data={"reason": reason}))
+        return self.get(view.candidate_id)
+
+    def mark_released(self, candidate_id: str, release_id: str, by: str | None = None) -> None:
+        with self._locked():
+            self._append(CandidateEvent(candidate_id=candidate_id, event="released", by=by,
+                                        data={"release_id": release_id}))
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _append(self, event: CandidateEvent) -> None:
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            write_all(fd, event.model_dump_json().encode() + b"\n")
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created and self.fsync:
+            fsync_path(self.dir)
+
+
+def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario: str | None = None) -> CandidateView:
+    """Register a recipe's candidate folder under its scenario (read from its candidate.json)."""
+    if scenario is None:
+        meta_path = Path(candidate_dir) / "candidate.json"
+        if not meta_path.is_file():
+            raise CandidateError(f"{candidate_dir} has no candidate.json; pass the scenario")
+        scenario = json.loads(meta_path.read_text())["scenario"]
+    return CandidateRegistry(data_dir, scenario).register(candidate_dir)
+
+
+def find_candidate(data_dir: Path | str, candidate_id: str) -> CandidateView:
+    """A candidate of any scenario, by id or unique prefix."""
+    found: list[CandidateView] = []
+    for scenario in CandidateRegistry.scenarios(data_dir):
+        try:
+            found.append(CandidateRegistry(data_dir, scenario).get(candidate_id, details=True))
+        except CandidateNotFoundError:
+            continue
+    if len(found) != 1:
+        raise CandidateNotFoundError(f"no candidate {candidate_id!r}" if not found
+                                     else f"{candidate_id!r} is ambiguous across scenarios")
+    return found[0]
