@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--requests", type=int, default=200)
     simulate.add_argument("--concurrency", type=int, default=8)
     simulate.add_argument("--url", default=DEFAULT_URL)
+    _add_dashboard_parser(sub)
     return parser
 
 
@@ -195,6 +196,27 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_dashboard_parser(sub: Any) -> None:
+    dash = sub.add_parser("dashboard", help="the Streamlit dashboard on 127.0.0.1 (admin token: REEF_ADMIN_TOKEN)")
+    dash.add_argument("--data-dir", type=Path, default=Path(os.environ.get("REEF_DATA_DIR") or "data"))
+    dash.add_argument("--url", default=DEFAULT_URL, help="the running reef serve")
+    dash.add_argument("--port", type=int, default=8501)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    """`streamlit run dashboard/app.py` on loopback; the dashboard folder sits at the repository root
+    (next to reef/), found from the working directory first, then from this package's location."""
+    candidates = [Path.cwd() / "dashboard" / "app.py", Path(__file__).resolve().parents[1] / "dashboard" / "app.py"]
+    app = next((p for p in candidates if p.is_file()), None)
+    if app is None:
+        raise UsageError("dashboard/app.py not found: run reef dashboard from the Reef repository")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", "127.0.0.1",
+           "--server.headless", "true", "--server.port", str(args.port), "--browser.gatherUsageStats", "false",
+           "--", "--data-dir", str(args.data_dir.resolve()), "--url", args.url]
+    print(f"reef dashboard: http://127.0.0.1:{args.port} (data {args.data_dir}, server {args.url})", flush=True)
+    os.execv(sys.executable, cmd)  # streamlit takes over this process: signals go straight to it
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("REEF_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -215,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "dashboard":
+            return _dashboard(args)
         if args.command == "recipe":
             return _recipe(args)
         if args.command == "learn":

@@ -37,8 +37,14 @@ class EngineWeights:
         return response
 
     async def load_lora(self, name: str, path: Path) -> None:
-        await self._post("/v1/load_lora_adapter", f"loading adapter {name}",
-                         json={"lora_name": name, "lora_path": str(Path(path).resolve())})
+        """Load an adapter; one already loaded under `name` counts (Reef names adapters by content id,
+        so a name found in the engine, e.g. after a gateway restart, holds the same weights)."""
+        try:
+            await self._post("/v1/load_lora_adapter", f"loading adapter {name}",
+                             json={"lora_name": name, "lora_path": str(Path(path).resolve())})
+        except EngineWeightsError as exc:
+            if "already" not in str(exc):
+                raise
 
     async def unload_lora(self, name: str) -> None:
         await self._post("/v1/unload_lora_adapter", f"unloading adapter {name}", json={"lora_name": name})

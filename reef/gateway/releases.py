@@ -64,8 +64,9 @@ def _admin(request: Request) -> GatewayState:
 
 
 def _publisher(st: GatewayState) -> Publisher:
-    if st.publisher is None:
-        raise ReefError(503, "releases are not available on this server", code="no_publisher")
+    if st.publisher is None or st.publisher.disabled:
+        reason = st.publisher.disabled if st.publisher else "releases are not available on this server"
+        raise ReefError(503, str(reason), code="releases_unavailable")
     return st.publisher
 
 

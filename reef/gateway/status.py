@@ -40,7 +40,7 @@ async def status(request: Request) -> dict[str, Any]:
             "serving_release": route.release_id,
             "serving_model": route.model,
         }
-        if st.publisher is not None:
+        if st.publisher is not None and not st.publisher.disabled:
             scenarios[name]["serving"] = st.publisher.serving(name)
         st.metrics.unflushed.labels(name).set(scenarios[name]["unflushed_records"])
     engine = st.engine.describe() if st.engine else {"managed": False}

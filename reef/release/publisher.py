@@ -72,6 +72,7 @@ class Publisher:
         self.engine_full: str | None = None  # the full weights the engine holds now
         self.adapters: dict[str, str] = {}  # content id -> adapter name, loaded in the engine
         self.errors: dict[str, str] = {}
+        self.disabled: str | None = None
         self.swapped_at: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._probes_path = self.data_dir / "releases" / PROBES_FILE
@@ -81,7 +82,13 @@ class Publisher:
 
     async def start(self) -> None:
         """Import the base model, then serve each scenario's head (a restart resumes every chain)."""
-        base = await asyncio.to_thread(import_base_model, self.store, self.config.model_path)
+        try:
+            base = await asyncio.to_thread(import_base_model, self.store, self.config.model_path)
+        except ArtifactError as exc:
+            # Recording in front of an upstream whose weights are not here: serve, but no releases.
+            self.disabled = f"releases are off: {exc}; give reef serve the model (--model)"
+            log.warning(self.disabled)
+            return
         self.base_content = self.engine_full = base.content_id
         self.routes.base_content_id = base.content_id
         self.routes.on_new_scenario = self._new_scenario
@@ -144,21 +151,26 @@ class Publisher:
     async def release(self, scenario: str, candidate_id: str, expected_parent: str,
                       approved_by: str | None = None, operation: str = "train") -> tuple[Release, dict[str, Any]]:
         registry = CandidateRegistry(self.data_dir, scenario)
-        view = registry.get(candidate_id)
-        if view.status != "selected":
-            raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}"
-                                   + (f": {view.gate.reason}" if view.gate and view.status == "rejected" else "")
-                                   + "; only a candidate the gate selected can be released")
-        assert view.gate is not None
-        evaluation = view.gate.summary()
-        if operation == "promote" and self.canaries.describe(scenario):
-            evaluation["canary"] = self.canaries.describe(scenario)
+        view = registry.get(candidate_id)  # CandidateNotFoundError before anything else
+
+        def selected() -> None:  # under the publisher's lock, after the head check
+            nonlocal view
+            view = registry.get(candidate_id)
+            if view.status != "selected":
+                reason = f": {view.gate.reason}" if view.gate and view.status == "rejected" else ""
+                raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}{reason}; only a "
+                                       "candidate the gate selected can be released")
 
         def commit(chain: ReleaseChain) -> Release:
+            assert view.gate is not None
+            evaluation = view.gate.summary()
+            if operation == "promote" and self.canaries.describe(scenario):
+                evaluation["canary"] = self.canaries.describe(scenario)
             return chain.publish(expected_parent, view.candidate_id, view.kind, operation,  # type: ignore[arg-type]
                                  evaluation=evaluation, approved_by=approved_by, lineage=view.lineage)
 
-        release, swap = await self._publish(scenario, view.candidate_id, view.kind, expected_parent, commit)
+        release, swap = await self._publish(scenario, view.candidate_id, view.kind, expected_parent, commit,
+                                            selected)
         await asyncio.to_thread(registry.mark_released, view.candidate_id, release.release_id, approved_by)
         return release, swap
 
@@ -172,12 +184,15 @@ class Publisher:
         return await self._publish(scenario, target.content_id, target.kind, expected_parent, commit)
 
     async def _publish(self, scenario: str, content_id: str, kind: str, expected_parent: str,
-                       commit: Callable[[ReleaseChain], Release]) -> tuple[Release, dict[str, Any]]:
+                       commit: Callable[[ReleaseChain], Release],
+                       check: Callable[[], None] | None = None) -> tuple[Release, dict[str, Any]]:
         chain = self.chain(scenario)
         async with self._lock:
             head = chain.head()
             if head is None or head.release_id != expected_parent:
                 raise HeadMovedError(scenario, expected_parent, head.release_id if head else None)
+            if check is not None:
+                check()
             started = time.perf_counter()
             try:
                 model, undo = await self._load(scenario, content_id, kind)

@@ -1,0 +1,314 @@
+"""Releases against a real vLLM: the gate decides, the publisher hot-swaps LoRA and full weights
+while clients stream, records carry the release that answered them, rollbacks restore the old
+outputs, corrupt or rejected candidates never serve, a canary splits traffic and decides on live
+rewards, and a restarted `reef serve` serves each scenario's head.
+
+One gateway (in front of the session's vLLM, which runs with runtime LoRA and dev mode) for the
+module; the tests run in file order and each starts from the head the previous one left.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from reef.client import HeadMovedError, ReefAPIError, ReefClient
+from reef.demo import task as demo
+from reef.recipe import Candidate
+from reef.release.candidates import CandidateRegistry, register_candidate
+from reef.release.gate import GateConfig, evaluate_candidate
+from tests.conftest import MODEL_NAME, TINY, Gateway
+from tests.release_support import Load, greedy, train_candidates
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+pytestmark = pytest.mark.vllm
+
+TOKEN = "test-admin-token"
+S = demo.SCENARIO
+FRACTION = 0.3
+MIN_REPORTS = 10
+Probes = dict[str, tuple[list[dict[str, str]], str, str]]
+
+
+@pytest.fixture(scope="module")
+def cands(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Candidate]:
+    lora = {"kind": "lora", "max_steps": 30, "learning_rate": 5e-3}
+    return train_candidates(tiny_model, tmp_path_factory.mktemp("cands"), {
+        "lora": lora, "canary": {**lora, "seed": 1}, "corrupt": {**lora, "seed": 2}, "race": {**lora, "seed": 3},
+        "full": {"kind": "full", "max_steps": 30, "learning_rate": 5e-4},
+        # A step too small to change anything: the gate cannot tell it from the head, so it rejects it.
+        "same": {"kind": "full", "max_steps": 1, "learning_rate": 1e-12},
+    })
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("release")
+    (work / "serve.yaml").write_text(yaml.safe_dump({
+        "served_model_name": MODEL_NAME, "admin_token": TOKEN,
+        "store": {"flush_interval_s": 0.2},
+        "scenarios": {S: {"policy": "approval", "canary": {"fraction": FRACTION, "min_reports": MIN_REPORTS}}},
+    }))
+    return work
+
+
+@pytest.fixture(scope="module")
+def ids(cands: dict[str, Candidate], workdir: Path) -> dict[str, str]:
+    """Every candidate registered and gated in the gateway's data dir: name -> candidate id."""
+    out = {}
+    for name, cand in cands.items():
+        view = register_candidate(workdir / "data", cand.path)
+        evaluate_candidate(workdir / "data", view.candidate_id, GateConfig(samples=2), progress=False)
+        out[name] = view.candidate_id
+    return out
+
+
+@pytest.fixture(scope="module")
+def gw(vllm_url: str, workdir: Path, ids: dict[str, str]) -> Iterator[Gateway]:
+    gateway = Gateway(workdir, vllm_url, ["--model", str(TINY)]).start()
+    yield gateway
+    if gateway.process is not None:
+        gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def api(gw: Gateway) -> ReefClient:
+    return ReefClient(gw.url, admin_token=TOKEN)
+
+
+@pytest.fixture(scope="module")
+def probe(cands: dict[str, Candidate]) -> Probes:
+    """Per candidate: an eval prompt it answers differently from the base, with both answers."""
+    prompts = [t.messages for t in demo.eval_tasks()]
+    base = greedy(TINY, prompts)
+    out = {}
+    for name in ("lora", "full", "race"):
+        mine = greedy(cands[name].path, prompts)
+        i = next((i for i in range(len(prompts)) if mine[i] != base[i]), None)
+        assert i is not None, f"{name} answers every eval prompt as the base does"
+        out[name] = (prompts[i], base[i], mine[i])
+    return out
+
+
+def head(api: ReefClient) -> str:
+    found = api.head(S)
+    assert found is not None
+    return found
+
+
+def ask(gw: Gateway, messages: list[dict[str, str]]) -> tuple[str, str]:
+    raw = gw.client(**{"x-reef-scenario": S}).chat.completions.with_raw_response.create(
+        model=MODEL_NAME, messages=messages, temperature=0, max_tokens=8)
+    return raw.parse().choices[0].message.content or "", raw.headers["x-reef-agent-record-id"]
+
+
+def release_of(gw: Gateway, record_id: str) -> str:
+    return httpx.get(f"{gw.url}/reef/records/{record_id}", timeout=30).json()["release_id"]
+
+
+def check_records(gw: Gateway, api: ReefClient, load: Load, texts_by_content: dict[str, str]) -> Counter[str]:
+    """No request failed, and each record's reply is the one its release's weights give."""
+    assert not load.errors(), load.errors()[:3]
+    content_of = {r["release_id"]: r["content_id"] for r in api.releases(S)["releases"]}
+    seen: Counter[str] = Counter()
+    for outcome in load.outcomes:
+        assert outcome.record_id
+        release = release_of(gw, outcome.record_id)
+        expected = texts_by_content[content_of[release]]
+        assert outcome.text == expected, (f"{outcome.record_id} ({'stream' if outcome.stream else 'json'}) "
+                                          f"is labelled {release} but answered {outcome.text!r}, not {expected!r}")
+        seen[release] += 1
+    return seen
+
+
+def test_admin_operations_need_the_token(gw: Gateway, ids: dict[str, str]) -> None:
+    r = httpx.post(f"{gw.url}/reef/scenarios/{S}/releases", json={"candidate": ids["lora"], "expected_parent": "x"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_token"
+    r = httpx.post(f"{gw.url}/reef/scenarios/{S}/rollback", headers={"Authorization": "Bearer wrong"},
+                   json={"release_id": f"{S}@r0", "expected_parent": f"{S}@r0"})
+    assert r.status_code == 401
+    r = httpx.post(f"{gw.url}/reef/scenarios/{S}/releases", headers={"Authorization": f"Bearer {TOKEN}"},
+                   json={"candidate": ids["lora"]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "expected_parent"
+
+
+def test_gate_selects_trained_and_rejects_unchanged_candidates(api: ReefClient, ids: dict[str, str]) -> None:
+    views = {c["candidate_id"]: c for c in api.candidates(S)}
+    for name in ("lora", "full", "canary", "race"):
+        gate = views[ids[name]]["gate"]
+        assert views[ids[name]]["status"] == "selected", gate
+        assert gate["ci_low"] > 0 and gate["head_release_id"] == f"{S}@r0"
+    same = views[ids["same"]]
+    assert same["status"] == "rejected" and same["gate"]["decision"] == "reject"
+    assert same["gate"]["ci_low"] <= 0 <= same["gate"]["ci_high"], same["gate"]
+    detail = api.candidate(ids["lora"][:12])
+    assert len(detail["gate"]["per_prompt"]) == detail["gate"]["prompts"] > 0
+
+
+def test_gate_fails_closed(workdir: Path, cands: dict[str, Candidate], tmp_path: Path) -> None:
+    """A candidate for a scenario with no eval suite is rejected, with the error as its reason."""
+    meta = json.loads((cands["lora"].path / "candidate.json").read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in cands["lora"].path.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    (other / "candidate.json").write_text(json.dumps({**meta, "scenario": "no-suite"}))
+    view = register_candidate(tmp_path / "data", other)
+    result = evaluate_candidate(tmp_path / "data", view.candidate_id, progress=False)
+    assert result.decision == "reject" and "gate error" in result.reason and "no eval suite" in result.reason
+    assert CandidateRegistry(tmp_path / "data", "no-suite").get(view.candidate_id).status == "rejected"
+
+
+def test_a_rejected_candidate_never_serves(gw: Gateway, api: ReefClient, ids: dict[str, str],
+                                           probe: Probes) -> None:
+    before = head(api)
+    with pytest.raises(ReefAPIError) as err:
+        api.release(S, ids["same"], before)
+    assert err.value.status == 409 and err.value.code == "not_selected"
+    assert head(api) == before
+    messages, base_text, _ = probe["lora"]
+    text, record_id = ask(gw, messages)
+    assert text == base_text and release_of(gw, record_id) == before
+
+
+def test_a_corrupt_adapter_is_refused_and_nothing_changes(gw: Gateway, api: ReefClient, ids: dict[str, str],
+                                                          workdir: Path, probe: Probes) -> None:
+    before = head(api)
+    weights = workdir / "data" / "artifacts" / ids["corrupt"] / "files" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ReefAPIError) as err:
+        api.release(S, ids["corrupt"], before)
+    assert err.value.status == 502 and err.value.code == "swap_failed"
+    assert "sha256" in err.value.message
+    assert head(api) == before
+    serving = api.status()["scenarios"][S]["serving"]
+    assert serving["release_id"] == before and "failed" in serving["error"]
+    messages, base_text, _ = probe["lora"]
+    text, record_id = ask(gw, messages)
+    assert text == base_text and release_of(gw, record_id) == before
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_release_under_load_then_rollback(gw: Gateway, api: ReefClient, ids: dict[str, str], kind: str,
+                                          probe: Probes) -> None:
+    messages, base_text, cand_text = probe[kind]
+    old = head(api)
+    with Load(gw.url, MODEL_NAME, S, messages, clients=8) as load:
+        time.sleep(1.5)
+        made = api.release(S, ids[kind], old, approved_by="pytest")
+        new = made["release"]["release_id"]
+        assert made["release"]["operation"] == "train" and made["release"]["approved_by"] == "pytest"
+        assert made["serving"]["release_id"] == new and made["serving"]["kind"] == kind
+        time.sleep(1.5)
+        assert ask(gw, messages)[0] == cand_text  # outputs became the candidate's
+        back = api.rollback(S, old, new, approved_by="pytest")["release"]
+        assert back["operation"] == "rollback" and back["restores"] == old
+        time.sleep(1.5)
+    base_content = api.releases(S)["releases"][0]["content_id"]
+    seen = check_records(gw, api, load, {base_content: base_text, ids[kind]: cand_text})
+    assert seen[old] > 0 and seen[new] > 0 and seen[back["release_id"]] > 0, seen
+    assert ask(gw, messages)[0] == base_text  # the rollback brought the old outputs back
+    assert api.candidates(S)[0]["status"] in {"released", "selected", "rejected"}
+    assert {c["candidate_id"]: c for c in api.candidates(S)}[ids[kind]]["release_id"] == new
+
+
+def test_fifty_concurrent_publishers_exactly_one_wins(api: ReefClient, ids: dict[str, str]) -> None:
+    parent = head(api)
+    results: list[object] = []
+
+    def publish() -> None:
+        try:
+            results.append(ReefClient(api.url, admin_token=TOKEN).release(S, ids["race"], parent)["release"])
+        except HeadMovedError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=publish) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wins = [r for r in results if isinstance(r, dict)]
+    assert len(results) == 50 and len(wins) == 1, results[:3]
+    assert all(isinstance(r, HeadMovedError) and r.status == 409 for r in results if r is not wins[0])
+    releases = api.releases(S)["releases"]
+    assert releases[-1]["release_id"] == wins[0]["release_id"] and releases[-1]["parent_release_id"] == parent
+    assert [r["seq"] for r in releases] == list(range(len(releases)))  # never forked
+
+
+def test_a_restarted_server_serves_the_head(gw: Gateway, api: ReefClient, ids: dict[str, str],
+                                            probe: Probes) -> None:
+    before = head(api)
+    assert api.releases(S)["head"]["content_id"] == ids["race"]
+    gw.stop()
+    gw.start()
+    assert head(api) == before
+    messages, _, race_text = probe["race"]
+    text, record_id = ask(gw, messages)
+    assert text == race_text and release_of(gw, record_id) == before
+    assert api.status()["scenarios"][S]["serving"]["error"] is None
+
+
+def _canary_requests(gw: Gateway, n: int) -> list[tuple[str, str]]:
+    """`n` requests while a canary runs: (record id, the release it was recorded under)."""
+    client = gw.client(**{"x-reef-scenario": S})
+    out = []
+    for i in range(n):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": f"What is {i} + 1?"}], max_tokens=4)
+        record_id = raw.headers["x-reef-agent-record-id"]
+        out.append((record_id, release_of(gw, record_id)))
+    return out
+
+
+def _report(gw: Gateway, records: list[tuple[str, str]], score: dict[str, float]) -> None:
+    """Each record reported with the score of the arm it went to."""
+    for record_id, release in records:
+        arm = "candidate" if "@canary-" in release else "head"
+        r = httpx.post(f"{gw.url}/reef/report", headers={"x-reef-scenario": S}, timeout=30,
+                       json={"agent_record_id": record_id, "score": score[arm]})
+        assert r.status_code == 200, r.text
+
+
+def test_canary_splits_traffic_and_aborts_on_worse_rewards(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
+    parent = head(api)
+    started = api.start_canary(S, ids["canary"])
+    assert started["state"] == "running" and started["fraction"] == FRACTION
+    n = 120
+    records = _canary_requests(gw, n)
+    labels = Counter(release for _, release in records)
+    assert set(labels) == {parent, f"{S}@canary-{ids['canary'][:12]}"}, labels
+    sigma = math.sqrt(n * FRACTION * (1 - FRACTION))
+    assert abs(labels[parent] - n * (1 - FRACTION)) < 4 * sigma, labels  # the configured share, within sampling error
+    assert api.canary(S)["arms"]["candidate"]["requests"] == n - labels[parent]
+    _report(gw, records, {"candidate": 0.0, "head": 1.0})
+    canary = api.canary(S)
+    assert canary["state"] == "aborted" and "live reward" in canary["reason"], canary
+    assert head(api) == parent
+    after = Counter(release for _, release in _canary_requests(gw, 10))
+    assert set(after) == {parent}, after  # all traffic is back on the head
+
+
+def test_canary_promotes_on_better_rewards(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
+    parent = head(api)
+    api.start_canary(S, ids["canary"], fraction=0.5)
+    _report(gw, _canary_requests(gw, 60), {"candidate": 1.0, "head": 0.0})
+    canary = api.canary(S)
+    assert canary["state"] == "promoted", canary
+    release = api.releases(S)["head"]
+    assert release["release_id"] == canary["release_id"] and release["parent_release_id"] == parent
+    assert release["operation"] == "promote" and release["content_id"] == ids["canary"]
+    assert release["evaluation"]["canary"]["arms"]["candidate"]["reports"] >= MIN_REPORTS
+    after = Counter(release for _, release in _canary_requests(gw, 5))
+    assert set(after) == {release["release_id"]}, after
