@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from reef.config import ConfigError, describe, resolve
+from reef.release.cli import ReleaseUsageError
 
 DEFAULT_URL = os.environ.get("REEF_URL", "http://127.0.0.1:8900")
 
@@ -93,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--concurrency", type=int, default=8)
     simulate.add_argument("--url", default=DEFAULT_URL)
     _add_dashboard_parser(sub)
+    from reef.release import cli as release_cli
+
+    release_cli.add_parsers(sub, DEFAULT_URL)
     return parser
 
 
@@ -243,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
             return _recipe(args)
         if args.command == "learn":
             return _learn(args)
-    except (ConfigError, UsageError) as exc:
+        from reef.release import cli as release_cli
+
+        if args.command in release_cli.COMMANDS:
+            return release_cli.run(args)
+    except (ConfigError, UsageError, ReleaseUsageError) as exc:
         print(f"reef: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

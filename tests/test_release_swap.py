@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -245,6 +247,30 @@ def test_fifty_concurrent_publishers_exactly_one_wins(api: ReefClient, ids: dict
     releases = api.releases(S)["releases"]
     assert releases[-1]["release_id"] == wins[0]["release_id"] and releases[-1]["parent_release_id"] == parent
     assert [r["seq"] for r in releases] == list(range(len(releases)))  # never forked
+
+
+def test_cli_release_rollback_releases_and_lineage(gw: Gateway, api: ReefClient, ids: dict[str, str],
+                                                    workdir: Path) -> None:
+    def reef(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reef.cli", *args, "--data-dir", str(workdir / "data")],
+                              capture_output=True, text=True, env={**os.environ, "REEF_ADMIN_TOKEN": TOKEN})
+
+    parent = head(api)
+    stale = reef("release", ids["lora"][:12], "--expect", f"{S}@r0", "--url", gw.url)
+    assert stale.returncode == 2 and "head_moved" in stale.stderr, stale.stderr
+    assert head(api) == parent
+    back = reef("rollback", f"{S}@r0", "--expect", parent, "--url", gw.url)
+    assert back.returncode == 0 and f"serves {S}@r0's content again" in back.stdout, back.stderr
+    rolled = head(api)
+    assert rolled != parent
+    again = reef("rollback", parent, "--expect", rolled, "--url", gw.url, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["release"]["content_id"] == ids["race"]
+    listing = reef("releases", "--scenario", S)
+    assert listing.returncode == 0 and head(api) in listing.stdout
+    lineage = json.loads(reef("lineage", head(api), "--json").stdout)
+    assert lineage[0]["restores"] == parent and lineage[-1]["release_id"] == f"{S}@r0"
+    assert reef("lineage", "not-a-release").returncode == 2
 
 
 def test_a_restarted_server_serves_the_head(gw: Gateway, api: ReefClient, ids: dict[str, str],
