@@ -1,5 +1,6 @@
-"""The learner inside `reef serve`: a round runs in its own process while serving continues, and a
-record is never trained on twice."""
+"""The learner inside `reef serve`: a round runs in its own process while serving continues, a
+record is never trained on twice, and under policy `auto` a candidate the gate selects is
+released and hot-swapped at once."""
 
 from __future__ import annotations
 
@@ -29,15 +30,18 @@ def _wait(gw: Gateway, until, timeout_s: float = 240.0) -> dict:  # noqa: ANN001
 
 
 def test_serve_runs_learning_rounds(make_gateway) -> None:
-    gw: Gateway = make_gateway("learner", env={
+    gw: Gateway = make_gateway("learner", extra_args=["--model", str(TINY)], env={
         "REEF_LEARNER__ENABLED": "true", "REEF_LEARNER__INTERVAL_S": "1", "REEF_STORE__FLUSH_INTERVAL_S": "0.2",
+        "REEF_SERVED_MODEL_NAME": MODEL_NAME, "REEF_RELEASE__POLICY": "auto", "REEF_RELEASE__GATE_SAMPLES": "2",
     })
     gw.workdir.mkdir(parents=True)
     (gw.workdir / "params.yaml").write_text(yaml.safe_dump({
         "scenario": SCENARIO,
         "base_model": {"path": str(TINY)},
         "source": {"data_dir": "data"},
-        "train": {"recipe": "recipes.rft.recipe:RFT", "experience": {"min_score": 1.0}, "max_steps": 4},
+        "train": {"recipe": "recipes.rft.recipe:RFT", "experience": {"min_score": 1.0}, "max_steps": 30,
+                  # LoRA: a full-weight release would change the weights of the session's shared vLLM.
+                  "kind": "lora", "learning_rate": 5e-3},
         "evaluate": {"samples": 1},
     }))
     gw.start()
@@ -53,6 +57,12 @@ def test_serve_runs_learning_rounds(make_gateway) -> None:
     done = _wait(gw, lambda s: s["rounds"] >= 1 and not s["running"])
     assert done["last_error"] is None, done
     assert done["last_round"]["status"] == "trained" and done["last_round"]["candidate"]
+    # The gate compared it with r0 on the eval suite and selected it; policy auto released it.
+    assert done["last_round"]["gate"]["decision"] == "select", done["last_round"]["gate"]
+    release = done["last_round"]["release"]
+    assert release == f"{SCENARIO}@r1"
+    serving = httpx.get(f"{gw.url}/reef/status").json()["scenarios"][SCENARIO]["serving"]
+    assert serving["release_id"] == release and serving["kind"] == "lora" and serving["error"] is None
     assert (gw.workdir / "data" / "candidates" / SCENARIO / "candidate.json").is_file()
     consumed = ledger.consumed(gw.workdir / "data" / "ledger", SCENARIO)["record_id"].to_list()
     assert consumed and len(consumed) == len(set(consumed))

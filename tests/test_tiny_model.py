@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from reef.demo import task as demo
@@ -49,6 +50,15 @@ def test_saved_files_and_metadata(quick_model: Path) -> None:
     assert meta["weights_sha256"] == tiny.weights_sha256(quick_model)
     assert meta["corpus_sha256"] == build_corpus(1).sha256()
     assert set(meta["eval"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
+
+
+def test_output_head_is_untied(quick_model: Path) -> None:
+    """vLLM CPU's `reload_weights` leaves a tied lm_head stale, so full-weight releases need a
+    separate `lm_head.weight` in the checkpoint (and a config that says so)."""
+    assert json.loads((quick_model / "config.json").read_text())["tie_word_embeddings"] is False
+    with safe_open(quick_model / "model.safetensors", "pt") as f:
+        assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(f.keys())
+        assert not torch.equal(f.get_tensor("lm_head.weight"), f.get_tensor("model.embed_tokens.weight"))
 
 
 def test_chat_template_renders_chatml(quick_model: Path) -> None:

@@ -1,13 +1,17 @@
-"""`make demo`: the main job on the embedded default model.
+"""`make demo`: the whole loop on the embedded default model.
 
-Builds the tiny model if missing, starts `reef serve` (which starts vLLM), plays a few hundred
-simulated users with rewards through the OpenAI SDK, then shows what was recorded: counts, the
-reward histogram (also saved as a PNG) and one session stitched together without a session header.
+Builds the tiny model if missing, then starts `reef serve` (which starts vLLM) with its learner on
+and the `auto` release policy. Simulated users talk to it through the OpenAI SDK and report
+rewards; the learner trains rounds on that experience, the gate compares each candidate with the
+head, and selected ones are hot-swapped in while traffic continues. A live table shows the success
+rate release by release; at the end come a PNG of it, what was recorded, and the release chain.
+Everything lands in `data/demo/` (wiped at the start of each run).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -18,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reef.config import DEFAULT_TINY_MODEL
-from reef.demo.simulate import SimulationSummary, simulate
+from reef.demo.loop import plot, watch
 from reef.demo.task import SCENARIO
 from reef.experience.load import load
 from reef.serve_process import ServeProcess
@@ -35,7 +39,7 @@ def _wait_flushed(url: str, scenario: str, timeout_s: float = 30) -> None:
         time.sleep(0.5)
 
 
-def _show(data_dir: Path, scenario: str, summary: SimulationSummary, plot_path: Path) -> None:
+def _show(data_dir: Path, scenario: str, plot_path: Path) -> None:
     frame = load(scenario, data_dir).lazy().collect()
     table = Table(title=f"recorded experience, scenario {scenario!r} ({data_dir}/experience/{scenario})")
     table.add_column("what")
@@ -47,7 +51,6 @@ def _show(data_dir: Path, scenario: str, summary: SimulationSummary, plot_path: 
     table.add_row("completion tokens", str(frame["gen_ai.usage.output_tokens"].sum()))
     table.add_row("mean score", f"{frame['score'].mean():.3f}")
     console.print(table)
-    console.print(summary.render())
 
     multi = frame.group_by("gen_ai.conversation.id").len().filter(pl.col("len") > 1)
     if multi.height:
@@ -76,11 +79,32 @@ def _show(data_dir: Path, scenario: str, summary: SimulationSummary, plot_path: 
     console.print(f"\nreward histogram saved to {plot_path}")
 
 
+def write_config(workdir: Path, scenario: str, min_records: int) -> None:
+    """serve.yaml (learner on, policy auto) and the learner's params.yaml, in the demo's workdir."""
+    import yaml
+
+    (workdir / "serve.yaml").write_text(yaml.safe_dump({
+        "store": {"flush_interval_s": 0.5},
+        "learner": {"enabled": True, "params": "params.yaml", "interval_s": 2, "min_records": min_records},
+        "release": {"policy": "auto"},
+    }))
+    (workdir / "params.yaml").write_text(yaml.safe_dump({
+        "scenario": scenario,
+        "base_model": {"path": str(DEFAULT_TINY_MODEL.resolve())},
+        "source": {"data_dir": "data", "ledger_root": "data/ledger"},
+        # Rejection-sampling fine-tuning on the chats users rewarded, continuing from the head.
+        "train": {"recipe": "recipes.rft.recipe:RFT", "experience": {"min_score": 1.0}, "kind": "full",
+                  "max_steps": 30, "learning_rate": 5e-4, "per_device_batch_size": 16, "seed": 0},
+    }))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=Path("."),
-                        help="where reef serve runs; experience lands in WORKDIR/data")
-    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--workdir", type=Path, default=Path("data/demo"),
+                        help="where reef serve runs; experience lands in WORKDIR/data (wiped first)")
+    parser.add_argument("--rounds", type=int, default=3, help="stop after this many learning rounds")
+    parser.add_argument("--max-seconds", type=float, default=600)
+    parser.add_argument("--min-records", type=int, default=48, help="rewarded chats that start a round")
     parser.add_argument("--scenario", default=SCENARIO)
     args = parser.parse_args(argv)
 
@@ -89,16 +113,25 @@ def main(argv: list[str] | None = None) -> int:
 
         console.print("building the embedded tiny model (once, a few minutes)...")
         build_tiny(DEFAULT_TINY_MODEL, seed=0)
-    server = ServeProcess(args.workdir)
+    shutil.rmtree(args.workdir / "data", ignore_errors=True)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    write_config(args.workdir, args.scenario, args.min_records)
+    server = ServeProcess(args.workdir.resolve())
     with console.status("starting reef serve and vLLM (30-90 s on 2 cores)..."):
         server.start()
     try:
-        console.print(f"reef serve is up at {server.url}; simulating {args.requests} chats with rewards")
-        summary = simulate(server.url, scenario=args.scenario, requests=args.requests, concurrency=16)
+        console.print(f"reef serve is up at {server.url}; simulated users chat and report rewards, the "
+                      f"learner trains, the gate decides, and selected candidates are hot-swapped in")
+        state = watch(server.url, server.data_dir, args.scenario, rounds=args.rounds, max_seconds=args.max_seconds)
         _wait_flushed(server.url, args.scenario)
     finally:
         server.stop()
-    _show(server.data_dir, args.scenario, summary, server.data_dir / "demo" / "rewards.png")
+    png = plot(state, args.scenario, args.workdir / "learning-loop.png")
+    _show(server.data_dir, args.scenario, args.workdir / "rewards.png")
+    from reef.cli import main as reef_main
+
+    reef_main(["releases", "--scenario", args.scenario, "--data-dir", str(server.data_dir)])
+    console.print(f"\nsuccess rate by release saved to {png}")
     return 0
 
 

@@ -27,6 +27,7 @@ from reef.gateway.recorder import (
 )
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.upstream import UpstreamError
+from reef.release.schema import ADAPTER_PREFIX
 
 router = APIRouter()
 _DELIVERY = ("stream", "stream_options")
@@ -150,8 +151,12 @@ async def chat_completions(request: Request) -> Response:
     holding = True
     try:
         pick = st.routes.pick(scenario)
-        # Clients keep naming the base model; the route decides what actually serves it.
+        # Clients keep naming the base model; the route decides what actually serves it. A release's
+        # adapter named directly would answer under another release's label: refused.
         upstream_model = pick.model if client_model in (st.config.model_name, pick.model) else client_model
+        if upstream_model.startswith(ADAPTER_PREFIX) and upstream_model != pick.model:
+            raise ReefError(404, f"model {client_model!r} is a release adapter; ask for {st.config.model_name!r}",
+                            param="model", code="model_not_found")
         exchange = Exchange(
             record_id=record_id, scenario=scenario, session_id=session_id, release_id=pick.release_id,
             created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,

@@ -36,7 +36,7 @@ from reef.release.base_model import base_of, ensure_scenario, import_base_model
 from reef.release.canary import Canaries, Canary
 from reef.release.candidates import CandidateNotFoundError, CandidateRegistry, CandidateView, Probe
 from reef.release.chain import HeadMovedError, ReleaseChain, ReleaseError
-from reef.release.schema import Release
+from reef.release.schema import Release, adapter_name
 
 log = logging.getLogger("reef.release")
 
@@ -241,7 +241,7 @@ class Publisher:
         fresh = name is None
         if name is None:
             path = await asyncio.to_thread(self.store.verify, content_id)
-            name = f"reef-{content_id[:16]}"
+            name = adapter_name(content_id)
             await self.weights.load_lora(name, path)
             self.adapters[content_id] = name
 

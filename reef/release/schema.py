@@ -35,6 +35,15 @@ def validate_scenario(scenario: str) -> str:
     return scenario
 
 
+# The engine serves a LoRA release under a name made of its content id: a name never means two
+# weights (peers report stale adapters on same-name reloads). Clients never see or use these names.
+ADAPTER_PREFIX = "reef-release-"
+
+
+def adapter_name(content_id: str) -> str:
+    return f"{ADAPTER_PREFIX}{content_id[:16]}"
+
+
 def release_name(scenario: str, seq: int) -> str:
     """`<scenario>@r<seq>`: the release id, what records carry and HEAD holds."""
     return f"{scenario}@r{seq}"

@@ -1,0 +1,134 @@
+"""The learning loop of `make demo`, watched live: simulated users talk to `reef serve`, its learner
+trains on what they reported, the gate selects, the server hot-swaps, and the success rate climbs
+release by release.
+
+`watch()` plays traffic in waves and, after each wave, reads the recorded experience (success rate
+per release, from the reports) and the server's status (learner round, gate decision, head), and
+shows them in a live table. `plot()` draws the same as a PNG.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import polars as pl
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from reef.demo.simulate import simulate
+from reef.experience.load import load
+
+
+@dataclass
+class Wave:
+    index: int
+    at_s: float
+    head: str
+    success: float
+    requests: int
+
+
+@dataclass
+class LoopState:
+    waves: list[Wave] = field(default_factory=list)
+    by_release: pl.DataFrame | None = None
+    learner: dict[str, Any] = field(default_factory=dict)
+    head: str = "?"
+    events: list[str] = field(default_factory=list)
+
+
+def per_release(data_dir: Path, scenario: str) -> pl.DataFrame:
+    """Success rate of each release over the reported records it answered, in release order."""
+    frame = load(scenario, data_dir).lazy().filter(pl.col("score").is_not_null()).collect()
+    if frame.is_empty():
+        return pl.DataFrame(schema={"release_id": pl.String, "records": pl.UInt32, "success": pl.Float64})
+    return (frame.group_by("release_id").agg(pl.len().alias("records"), pl.col("score").mean().alias("success"))
+            .with_columns(pl.col("release_id").str.extract(r"@r(\d+)$").cast(pl.Int64).alias("seq"))
+            .sort("seq").drop("seq"))
+
+
+def _render(state: LoopState, scenario: str) -> Group:
+    table = Table(title=f"success rate by release, scenario {scenario} (head: {state.head})")
+    table.add_column("release")
+    table.add_column("reported chats", justify="right")
+    table.add_column("success rate", justify="right")
+    table.add_column("")
+    if state.by_release is not None:
+        for row in state.by_release.iter_rows(named=True):
+            bar = "#" * round(30 * row["success"])
+            table.add_row(row["release_id"], str(row["records"]), f"{row['success']:.1%}", bar)
+    learner = state.learner
+    last = learner.get("last_round") or {}
+    gate = last.get("gate") or {}
+    status = Text(f"learner: {'training a round' if learner.get('running') else 'waiting for experience'}"
+                  f" | rounds {learner.get('rounds', 0)} | pending {(learner.get('pending') or {}).get('records', '-')}"
+                  f" | last gate: {gate.get('decision') or '-'}")
+    return Group(table, status, *[Text(e, style="dim") for e in state.events[-6:]])
+
+
+def watch(url: str, data_dir: Path, scenario: str, *, rounds: int, max_seconds: float, wave: int = 64,
+          concurrency: int = 16) -> LoopState:
+    """Waves of simulated users until `rounds` learning rounds finished or `max_seconds` passed."""
+    state = LoopState()
+    started = time.monotonic()
+    seen_rounds = 0
+    with Live(_render(state, scenario), refresh_per_second=2, transient=False) as live:
+        i = 0
+        while time.monotonic() - started < max_seconds:
+            summary = simulate(url, scenario=scenario, requests=wave, concurrency=concurrency, seed=i, progress=False)
+            status = httpx.get(f"{url}/reef/status", timeout=30).json()
+            state.learner = status.get("learner", {})
+            state.head = status["scenarios"].get(scenario, {}).get("serving_release", "?")
+            state.waves.append(Wave(i, time.monotonic() - started, state.head, summary.mean_score,
+                                    summary.requests))
+            if state.learner.get("rounds", 0) > seen_rounds:
+                seen_rounds = state.learner["rounds"]
+                last = state.learner.get("last_round") or {}
+                gate = last.get("gate") or {}
+                released = last.get("release")
+                state.events.append(f"round {seen_rounds}: gate {gate.get('decision')}: {gate.get('reason')}"
+                                    + (f" -> released {released}" if released else ""))
+            state.by_release = per_release(data_dir, scenario)
+            live.update(_render(state, scenario))
+            i += 1
+            if seen_rounds >= rounds and not state.learner.get("running"):
+                break
+    return state
+
+
+def plot(state: LoopState, scenario: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    releases = list(dict.fromkeys(w.head for w in state.waves))
+    colours = plt.get_cmap("viridis")([i / max(1, len(releases) - 1) for i in range(len(releases))])
+    for release, colour in zip(releases, colours, strict=True):
+        waves = [w for w in state.waves if w.head == release]
+        left.plot([w.at_s for w in waves], [w.success for w in waves], "o-", color=colour, label=release)
+    left.set_xlabel("seconds since the demo started")
+    left.set_ylabel("success rate of a wave of chats")
+    left.set_ylim(0, 1)
+    left.set_title("live success rate, coloured by the head release")
+    left.legend(fontsize=8)
+    if state.by_release is not None and not state.by_release.is_empty():
+        names = state.by_release["release_id"].to_list()
+        right.bar(range(len(names)), state.by_release["success"].to_list(), color="#2a7fbf")
+        right.set_xticks(range(len(names)), [n.split("@")[-1] for n in names])
+        right.set_ylim(0, 1)
+        right.set_xlabel("release")
+        right.set_title("success rate of each release (all its reported chats)")
+    fig.suptitle(f"Reef learning loop on the embedded tiny model, scenario {scenario}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
