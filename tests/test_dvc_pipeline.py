@@ -126,3 +126,23 @@ def test_learn_once_takes_only_new_records(repo: Path) -> None:
     assert second["status"] == "trained" and second["pending"]["consumed"] == len(taken)
     again = set(json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())["record_ids"])
     assert again and not again & taken
+
+
+def test_gate_then_track_puts_release_weights_in_dvc(repo: Path) -> None:
+    """The pipeline's candidate is registered and gated (`reef gate`), and `reef track` hands the
+    artifact store to DVC: a pointer file for git, the weights in DVC's cache and remote."""
+    gate = subprocess.run(["python", "-m", "reef.cli", "gate", "data/candidates/demo-add", "--samples", "1",
+                           "--json"], cwd=repo, env=ENV, capture_output=True, text=True)
+    assert gate.returncode in (0, 1), gate.stderr  # 0 selected, 1 rejected: both are decisions
+    decision = json.loads(gate.stdout)
+    assert decision["decision"] in ("select", "reject") and decision["head_release_id"] == "demo-add@r0"
+    sh(repo, "python", "-m", "reef.cli", "track")
+    pointer = yaml.safe_load((repo / "data" / "artifacts.dvc").read_text())
+    assert pointer["outs"][0]["path"] == "artifacts" and pointer["outs"][0]["nfiles"] >= 2
+    remote = repo.parent / "remote"
+    sh(repo, "dvc", "remote", "add", "-f", "-d", "store", str(remote))
+    sh(repo, "dvc", "push")
+    stored = {p.name for p in remote.rglob("*") if p.is_file()}
+    weights = json.loads(next((repo / "data" / "artifacts").glob(f"{decision['candidate_id']}/manifest.json"))
+                         .read_text())["files"]
+    assert any(f["sha256"] for f in weights) and stored, "dvc push stored nothing"

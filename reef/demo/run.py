@@ -84,6 +84,7 @@ def write_config(workdir: Path, scenario: str, min_records: int) -> None:
     import yaml
 
     (workdir / "serve.yaml").write_text(yaml.safe_dump({
+        "model": str(DEFAULT_TINY_MODEL.resolve()), "served_model_name": "reef-tiny",
         "store": {"flush_interval_s": 0.5},
         "learner": {"enabled": True, "params": "params.yaml", "interval_s": 2, "min_records": min_records},
         "release": {"policy": "auto"},

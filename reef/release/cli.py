@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("releases", "release", "rollback", "lineage", "candidates", "gate")
+COMMANDS = ("releases", "release", "rollback", "lineage", "candidates", "gate", "track")
 
 
 class ReleaseUsageError(Exception):
@@ -47,6 +47,8 @@ def add_parsers(sub: Any, default_url: str) -> None:
     common(p)
     p = sub.add_parser("candidates", help="registered candidates and the gate's decisions")
     p.add_argument("--scenario", default=None)
+    common(p)
+    p = sub.add_parser("track", help="DVC-track the artifact store (the weights releases serve); then dvc push")
     common(p)
     p = sub.add_parser("gate", help="register a candidate folder and evaluate it against the head")
     p.add_argument("path", type=Path, help="a recipe's candidate folder (with candidate.json)")
@@ -192,5 +194,23 @@ def _gate(args: argparse.Namespace) -> int:
     return 0 if result.decision == "select" else 1
 
 
-_COMMANDS = {"releases": _releases, "release": _release, "rollback": _rollback, "lineage": _lineage,
+def _track(args: argparse.Namespace) -> int:
+    """`dvc add <data_dir>/artifacts`: the weights go to DVC's cache and remote, a small pointer file
+    (with the release chains, plain text) goes to git. Run it in the project's DVC repository."""
+    import subprocess
+
+    artifacts = args.data_dir / "artifacts"
+    if not artifacts.is_dir():
+        raise ReleaseUsageError(f"no artifact store at {artifacts}")
+    if not Path(".dvc").is_dir():
+        raise ReleaseUsageError("not a DVC repository here: run `dvc init` (or cd to the project root)")
+    done = subprocess.run(["dvc", "add", str(artifacts)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ReleaseUsageError(f"dvc add failed: {done.stderr.strip() or done.stdout.strip()}")
+    pointer = artifacts.with_name("artifacts.dvc")
+    print(f"tracked {artifacts} in DVC ({pointer}); next: git add {pointer} && git commit && dvc push")
+    return 0
+
+
+_COMMANDS = {"track": _track, "releases": _releases, "release": _release, "rollback": _rollback, "lineage": _lineage,
              "candidates": _candidates, "gate": _gate}
