@@ -8,7 +8,7 @@ STAMP := $(VENV)/.reef-installed-$(ENGINE)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench model clean-data env
+.PHONY: demo test lint bench model clean-data env lab
 
 env: $(STAMP)
 
@@ -28,8 +28,21 @@ model: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m reef.demo.run
 
-test: $(STAMP)
-	$(BIN)/pytest -q -ra
+# Debian's Chromium for the dashboard's browser test: Playwright drives it through executable_path
+# (no browser download). apt-get as root, else through sudo.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+
+test: $(STAMP) chromium
+	$(BIN)/pytest -q -ra tests notebooks --nbmake
+
+# JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.
+# Jupyter refuses to run as root unless told (containers, CI machines).
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir . $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 lint: $(STAMP)
 	$(BIN)/ruff check reef tests bench recipes
@@ -39,3 +52,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/gateway_overhead.py
 	$(BIN)/python bench/learning.py
 	$(BIN)/python bench/recipe_overhead.py
+	$(BIN)/python bench/swap.py
