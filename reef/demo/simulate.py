@@ -108,4 +108,12 @@ async def simulate_async(
 
 
 def simulate(url: str, **kwargs: object) -> SimulationSummary:
-    return asyncio.run(simulate_async(url, **kwargs))  # type: ignore[arg-type]
+    """Blocking; also from a Jupyter cell, whose event loop already runs (then in a worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(simulate_async(url, **kwargs))  # type: ignore[arg-type]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, simulate_async(url, **kwargs)).result()  # type: ignore[arg-type]
