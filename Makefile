@@ -45,7 +45,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir . $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 lint: $(STAMP)
-	$(BIN)/ruff check reef tests bench recipes
+	$(BIN)/ruff check reef tests bench recipes dashboard
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

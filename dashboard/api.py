@@ -1,0 +1,99 @@
+"""Actions and live state through the running server (`reef.client.ReefClient`, the release API).
+
+Every action names the head the page showed as `expected_parent`: if someone else released in the
+meantime the server answers 409 `head_moved`, nothing changes, and the page says so plainly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import streamlit as st
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    message: str
+    code: str | None = None  # the API's error code ("head_moved", "not_selected", ...) or "unreachable"
+    body: dict[str, Any] | None = None
+
+
+@st.cache_data(ttl=3, show_spinner=False)
+def server_status(url: str) -> dict[str, Any] | None:
+    """`GET /reef/status`, or None when the server does not answer."""
+    try:
+        response = httpx.get(f"{url}/reef/status", timeout=2.0)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def serving(url: str, scenario: str) -> dict[str, Any] | None:
+    """The server's view of the scenario's releases (`head`, `releases`, `serving`), or None."""
+    from reef.client import ReefClient
+
+    try:
+        with ReefClient(url, admin_token="", timeout_s=5.0) as client:
+            return client.releases(scenario)
+    except Exception:  # noqa: BLE001 - shown as "server not reachable"
+        return None
+
+
+def _client(url: str, token: str | None) -> Any:
+    from reef.client import ReefClient
+
+    # "" not None: without a token the client must not fall back to REEF_ADMIN_TOKEN behind the page's back.
+    return ReefClient(url, admin_token=token or "", timeout_s=600.0)
+
+
+def _run(what: str, url: str, token: str | None, call: Any) -> Outcome:
+    from reef.client import HeadMovedError, ReefAPIError
+
+    try:
+        with _client(url, token) as client:
+            body = call(client)
+    except HeadMovedError as exc:
+        return Outcome(False, f"{what} refused, the head moved: {exc.message} The page now shows the new "
+                              "head: check it before deciding again.", "head_moved")
+    except ReefAPIError as exc:
+        if exc.status == 401:
+            return Outcome(False, f"{what} refused: the admin token is wrong or missing.", exc.code or "unauthorized")
+        if exc.status == 403:
+            return Outcome(False, f"{what} refused: the server has no admin token configured "
+                                  "(`admin_token` in serve.yaml or REEF_ADMIN_TOKEN).", exc.code or "forbidden")
+        return Outcome(False, f"{what} refused (HTTP {exc.status} {exc.code or ''}): {exc.message}", exc.code)
+    except httpx.HTTPError as exc:
+        return Outcome(False, f"{what} failed: cannot reach the server ({exc}).", "unreachable")
+    return Outcome(True, f"{what}: done.", None, body if isinstance(body, dict) else None)
+
+
+def release(url: str, token: str | None, scenario: str, candidate_id: str, expected_parent: str,
+            by: str | None) -> Outcome:
+    outcome = _run(f"Releasing {candidate_id[:12]}", url, token, lambda c: c.release(
+        scenario, candidate_id, expected_parent=expected_parent, approved_by=by))
+    if outcome.ok and outcome.body:
+        rel = outcome.body.get("release") or {}
+        swap = outcome.body.get("swap") or {}
+        ms = f" (swap {swap['ms']:.0f} ms)" if isinstance(swap.get("ms"), int | float) else ""
+        return Outcome(True, f"Released {candidate_id[:12]} as {rel.get('release_id')}{ms}.", None, outcome.body)
+    return outcome
+
+
+def rollback(url: str, token: str | None, scenario: str, release_id: str, expected_parent: str,
+             by: str | None) -> Outcome:
+    outcome = _run(f"Rolling back to {release_id}", url, token, lambda c: c.rollback(
+        scenario, release_id, expected_parent=expected_parent, approved_by=by))
+    if outcome.ok and outcome.body:
+        rel = outcome.body.get("release") or {}
+        return Outcome(True, f"Rolled back: {rel.get('release_id')} serves {release_id}'s content again.", None,
+                       outcome.body)
+    return outcome
+
+
+def reject(url: str, token: str | None, candidate_id: str, reason: str, by: str | None) -> Outcome:
+    outcome = _run(f"Rejecting {candidate_id[:12]}", url, token, lambda c: c.reject(
+        candidate_id, reason, by=by))
+    return Outcome(True, f"Rejected {candidate_id[:12]}.", None, outcome.body) if outcome.ok else outcome
