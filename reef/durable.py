@@ -41,3 +41,18 @@ def replace_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None:
         raise
     if fsync:
         fsync_path(path.parent)
+
+
+def append_line(path: Path, line: bytes, *, fsync: bool = True) -> None:
+    """Append one record (`line` ends with a newline) to an append-only log; durable on return.
+    A crash can leave only a torn last line, which readers skip as never acknowledged."""
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        write_all(fd, line)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created and fsync:
+        fsync_path(path.parent)

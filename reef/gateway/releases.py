@@ -8,6 +8,7 @@ gets 409 and nothing changes. The contract is docs/release-api.md.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,7 +20,7 @@ from reef.release.artifacts import ArtifactError
 from reef.release.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry
 from reef.release.chain import HeadMovedError, ReleaseError, ReleaseNotFoundError
 from reef.release.publisher import EngineConflictError, NotSelectedError, Publisher, SwapFailedError
-from reef.release.schema import SCENARIO_RE
+from reef.release.schema import SCENARIO_RE, Release
 
 router = APIRouter()
 
@@ -104,24 +105,24 @@ async def list_releases(scenario: str, request: Request) -> dict[str, Any]:
 
 @router.post("/reef/scenarios/{scenario}/releases", status_code=201)
 async def release(scenario: str, body: ReleaseIn, request: Request) -> dict[str, Any]:
-    st = _admin(request)
-    publisher = _publisher(st)
-    try:
-        made, swap = await publisher.release(_scenario(scenario), body.candidate, body.expected_parent,
-                                             approved_by=body.approved_by or "admin")
-    except Exception as exc:  # noqa: BLE001 - mapped to a status, or re-raised as a 500
-        raise _as_http(exc) from exc
-    return {"release": made.model_dump(mode="json"), "serving": publisher.serving(scenario), "swap": swap}
+    publisher = _publisher(_admin(request))
+    return await _swap(publisher, scenario, publisher.release(_scenario(scenario), body.candidate, body.expected_parent,
+                                                              approved_by=body.approved_by or "admin"))
 
 
 @router.post("/reef/scenarios/{scenario}/rollback", status_code=201)
 async def rollback(scenario: str, body: RollbackIn, request: Request) -> dict[str, Any]:
-    st = _admin(request)
-    publisher = _publisher(st)
+    publisher = _publisher(_admin(request))
+    return await _swap(publisher, scenario, publisher.rollback(_scenario(scenario), body.release_id,
+                                                               body.expected_parent,
+                                                               approved_by=body.approved_by or "admin"))
+
+
+async def _swap(publisher: Publisher, scenario: str, operation: Awaitable[tuple[Release, dict[str, Any]]]
+                ) -> dict[str, Any]:
     try:
-        made, swap = await publisher.rollback(_scenario(scenario), body.release_id, body.expected_parent,
-                                              approved_by=body.approved_by or "admin")
-    except Exception as exc:  # noqa: BLE001
+        made, swap = await operation
+    except Exception as exc:  # noqa: BLE001 - mapped to a status, or re-raised as a 500
         raise _as_http(exc) from exc
     return {"release": made.model_dump(mode="json"), "serving": publisher.serving(scenario), "swap": swap}
 

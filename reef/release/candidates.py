@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.durable import fsync_path, replace_atomically, write_all
+from reef.durable import append_line, replace_atomically
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
 
@@ -241,16 +241,7 @@ class CandidateRegistry:
             os.close(fd)
 
     def _append(self, event: CandidateEvent) -> None:
-        created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            write_all(fd, event.model_dump_json().encode() + b"\n")
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        if created and self.fsync:
-            fsync_path(self.dir)
+        append_line(self.path, event.model_dump_json().encode() + b"\n", fsync=self.fsync)
 
 
 def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario: str | None = None) -> CandidateView:

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.durable import fsync_path, replace_atomically, write_all
+from reef.durable import append_line, fsync_path, replace_atomically
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import (
     ArtifactKind,
@@ -213,16 +213,7 @@ class ReleaseChain:
                 os.close(fd)
 
     def _append(self, release: Release) -> None:
-        created = not self.chain_path.exists()
-        fd = os.open(self.chain_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            write_all(fd, release.model_dump_json().encode() + b"\n")
-            if self.fsync:
-                os.fsync(fd)  # the commit point
-        finally:
-            os.close(fd)
-        if created and self.fsync:
-            fsync_path(self.dir)
+        append_line(self.chain_path, release.model_dump_json().encode() + b"\n", fsync=self.fsync)  # the commit point
 
     def _write_head(self, release_id: str) -> None:
         replace_atomically(self.head_path, f"{release_id}\n".encode(), fsync=self.fsync)
