@@ -95,6 +95,7 @@ class ReleaseChain:
         self.fsync = fsync
         self.dir.mkdir(parents=True, exist_ok=True)
         self._thread_lock = _thread_lock(self.dir)
+        self._cache: tuple[tuple[int, int, int], list[Release]] | None = None
         with self._locked():
             self._recover()
 
@@ -105,7 +106,16 @@ class ReleaseChain:
     # --- reading (no lock: appends are whole lines, HEAD is replaced atomically) ----------------
 
     def releases(self) -> list[Release]:
-        return self._read(repair=False)
+        # The server reads the chain on every swap and API call: parse it again only when it changed
+        # (an append changes its size; a repair truncates it).
+        try:
+            st = self.chain_path.stat()
+        except FileNotFoundError:
+            return []
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self._read(repair=False))
+        return list(self._cache[1])
 
     def head(self) -> Release | None:
         releases = self.releases()

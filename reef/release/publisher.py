@@ -77,6 +77,7 @@ class Publisher:
         self._lock = asyncio.Lock()
         self._probes_path = self.data_dir / "releases" / PROBES_FILE
         self._probes: dict[str, str] = {}
+        self._chains: dict[str, ReleaseChain] = {}
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -136,7 +137,10 @@ class Publisher:
 
     def chain(self, scenario: str) -> ReleaseChain:
         """The scenario's chain, with its r0 (the base) created if nobody used the scenario yet."""
-        chain, _ = ensure_scenario(self.data_dir, scenario, self.config.model_path, self.store)
+        chain = self._chains.get(scenario)
+        if chain is None:
+            chain, _ = ensure_scenario(self.data_dir, scenario, self.config.model_path, self.store)
+            self._chains[scenario] = chain
         return chain
 
     def serving(self, scenario: str) -> dict[str, Any]:
