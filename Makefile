@@ -53,3 +53,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/learning.py
 	$(BIN)/python bench/recipe_overhead.py
 	$(BIN)/python bench/swap.py
+	$(BIN)/python bench/dashboard.py
