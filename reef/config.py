@@ -135,6 +135,7 @@ class ServeConfig(_Strict):
 
 
 _SECRETS = {"admin_token", "upstream.api_key"}
+_WHOLE = {"scenarios"}
 
 
 class ConfigError(ValueError):
@@ -145,7 +146,8 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
+        # `scenarios` is keyed by scenario names, which may hold dots: one value, never split.
+        if isinstance(value, Mapping) and value and dotted not in _WHOLE:
             out.update(_flatten(value, f"{dotted}."))
         else:
             out[dotted] = value

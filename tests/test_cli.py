@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from reef.config import ConfigError
 from tests.conftest import MODEL_NAME, Gateway
 
 
@@ -70,3 +73,18 @@ def test_report_status_and_tail(gateway: Gateway) -> None:
 def test_unreachable_server_is_a_clear_error() -> None:
     out = reef("status", "--url", "http://127.0.0.1:9")
     assert out.returncode == 1 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_scenario_policies_in_serve_yaml(tmp_path: Path) -> None:
+    """Per-scenario release policy and canary rule; scenario names may hold dots."""
+    from reef.config import resolve
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("release: {policy: approval}\n"
+                    "scenarios:\n  support.v2: {policy: auto, canary: {fraction: 0.2, min_reports: 5}}\n")
+    config, sources = resolve({}, path, {})
+    assert config.policy("support.v2") == "auto" and config.policy("other") == "approval"
+    assert config.scenario("support.v2").canary.fraction == 0.2 and sources["scenarios"].startswith("file:")
+    path.write_text("scenarios:\n  demo-add: {policy: sometimes}\n")
+    with pytest.raises(ConfigError, match="policy"):
+        resolve({}, path, {})
