@@ -286,6 +286,15 @@ def test_a_restarted_server_serves_the_head(gw: Gateway, api: ReefClient, ids: d
     assert api.status()["scenarios"][S]["serving"]["error"] is None
 
 
+def test_a_candidate_gated_against_other_content_must_be_gated_again(api: ReefClient, ids: dict[str, str]) -> None:
+    """`canary` was gated against r0 (the base); the head now serves `race`: releasing it needs a new gate."""
+    parent = head(api)
+    with pytest.raises(ReefAPIError) as err:
+        api.release(S, ids["canary"], parent)
+    assert err.value.status == 409 and err.value.code == "gate_stale", err.value
+    assert head(api) == parent and api.candidate(ids["canary"])["status"] == "selected"
+
+
 def _canary_requests(gw: Gateway, n: int) -> list[tuple[str, str]]:
     """`n` requests while a canary runs: (record id, the release it was recorded under)."""
     client = gw.client(**{"x-reef-scenario": S})

@@ -73,11 +73,14 @@ def _render(state: LoopState, scenario: str) -> Group:
 
 
 def watch(url: str, data_dir: Path, scenario: str, *, rounds: int, max_seconds: float, wave: int = 64,
-          concurrency: int = 16) -> LoopState:
-    """Waves of simulated users until `rounds` learning rounds finished or `max_seconds` passed."""
+          concurrency: int = 16, idle_seconds: float = 60.0) -> LoopState:
+    """Waves of simulated users until `rounds` learning rounds finished, `max_seconds` passed, or,
+    after a first round, the learner found too little new experience for `idle_seconds` (a good
+    model mostly repeats replies it was already trained on, and duplicates are not trained twice)."""
     state = LoopState()
     started = time.monotonic()
     seen_rounds = 0
+    busy_at = started
     with Live(_render(state, scenario), refresh_per_second=2, transient=False) as live:
         i = 0
         while time.monotonic() - started < max_seconds:
@@ -97,7 +100,14 @@ def watch(url: str, data_dir: Path, scenario: str, *, rounds: int, max_seconds: 
             state.by_release = per_release(data_dir, scenario)
             live.update(_render(state, scenario))
             i += 1
-            if seen_rounds >= rounds and not state.learner.get("running"):
+            if state.learner.get("running"):
+                busy_at = time.monotonic()
+            elif seen_rounds >= rounds:
+                break
+            elif seen_rounds and time.monotonic() - busy_at > idle_seconds:
+                state.events.append(f"no round for {idle_seconds:.0f} s: too few new rewarded chats that are not "
+                                    "duplicates of what was trained on; stopping")
+                live.update(_render(state, scenario))
                 break
     return state
 

@@ -19,7 +19,13 @@ from reef.gateway.state import GatewayState, get_state
 from reef.release.artifacts import ArtifactError
 from reef.release.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry
 from reef.release.chain import HeadMovedError, ReleaseError, ReleaseNotFoundError
-from reef.release.publisher import EngineConflictError, NotSelectedError, Publisher, SwapFailedError
+from reef.release.publisher import (
+    EngineConflictError,
+    NotSelectedError,
+    Publisher,
+    StaleGateError,
+    SwapFailedError,
+)
 from reef.release.schema import SCENARIO_RE, Release
 
 router = APIRouter()
@@ -81,6 +87,8 @@ def _as_http(exc: Exception) -> ReefError:
     if isinstance(exc, HeadMovedError):
         return ReefError(409, f"{exc}; nothing changed. Reload and decide again.", param="expected_parent",
                          code="head_moved")
+    if isinstance(exc, StaleGateError):
+        return ReefError(409, str(exc), param="candidate", code="gate_stale")
     if isinstance(exc, NotSelectedError):
         return ReefError(409, str(exc), param="candidate", code="not_selected")
     if isinstance(exc, EngineConflictError):

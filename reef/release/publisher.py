@@ -54,6 +54,10 @@ class NotSelectedError(ReleaseError):
     """The candidate has no `select` decision from the gate (or was rejected, or is released)."""
 
 
+class StaleGateError(NotSelectedError):
+    """The gate compared the candidate with content that no longer serves: gate it again."""
+
+
 class EngineConflictError(ReleaseError):
     """Full weights are shared by every scenario on the engine: another scenario needs other ones."""
 
@@ -164,6 +168,16 @@ class Publisher:
                 reason = f": {view.gate.reason}" if view.gate and view.status == "rejected" else ""
                 raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}{reason}; only a "
                                        "candidate the gate selected can be released")
+            assert view.gate is not None and view.gate.head_release_id is not None
+            # Better than what it replaces: the gate must have compared it with what serves now. A
+            # promote is decided by the canary's live comparison with the head instead.
+            chain = self.chain(scenario)
+            gated_against = chain.get(view.gate.head_release_id).content_id
+            head = chain.head()
+            if operation != "promote" and head is not None and gated_against != head.content_id:
+                raise StaleGateError(f"candidate {view.candidate_id[:12]} was gated against "
+                                     f"{view.gate.head_release_id}, but {head.release_id} serves other content "
+                                     "now: gate it again (reef gate, or reef.release.gate.evaluate_candidate)")
 
         def commit(chain: ReleaseChain) -> Release:
             assert view.gate is not None
