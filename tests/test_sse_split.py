@@ -1,4 +1,4 @@
-"""SSE framing of the upstream stream: only b"\\n" ends a line."""
+"""The upstream stream: SSE framing (only b"\\n" ends a line) and what the accumulator times."""
 
 from __future__ import annotations
 
@@ -22,3 +22,15 @@ def test_events_split_across_reads() -> None:
         lines, pending = split_lines(pending, stream[i : i + 5])
         got.extend(lines)
     assert got == [b'data: {"a": 1}', b'data: {"b": 2}', b"data: [DONE]"] and pending == b""
+
+
+def test_time_to_first_token_counts_a_reply_that_is_only_end_of_turn() -> None:
+    """An immediate end-of-turn has no content delta, but it is a generated token all the same."""
+    from reef.gateway.recorder import StreamAccumulator
+
+    acc = StreamAccumulator()
+    acc.feed({"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    assert acc.first_token_at is None  # the role chunk comes before any token
+    end = {"index": 0, "delta": {"content": ""}, "token_ids": [2], "finish_reason": "stop"}
+    acc.feed({"id": "c", "choices": [end]})
+    assert acc.first_token_at is not None

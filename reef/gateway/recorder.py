@@ -96,9 +96,12 @@ class StreamAccumulator:
         for choice in chunk.get("choices") or ():
             acc = self.choices.setdefault(choice.get("index", 0), _ChoiceAcc())
             delta = choice.get("delta") or {}
+            # The first generated token, whatever it is: a reply that is only end-of-turn (or only a
+            # tool call) has a time to first token too.
+            if self.first_token_at is None and (delta.get("content") or delta.get("tool_calls")
+                                                or choice.get("token_ids") or choice.get("finish_reason")):
+                self.first_token_at = time.perf_counter()
             if delta.get("content"):
-                if self.first_token_at is None:
-                    self.first_token_at = time.perf_counter()
                 acc.content.append(delta["content"])
             for call in delta.get("tool_calls") or ():
                 slot = acc.tool_calls.setdefault(
