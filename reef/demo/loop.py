@@ -73,7 +73,7 @@ def _render(state: LoopState, scenario: str) -> Group:
 
 
 def watch(url: str, data_dir: Path, scenario: str, *, rounds: int, max_seconds: float, wave: int = 64,
-          concurrency: int = 16, idle_seconds: float = 60.0) -> LoopState:
+          concurrency: int = 16, idle_seconds: float = 120.0) -> LoopState:
     """Waves of simulated users until `rounds` learning rounds finished, `max_seconds` passed, or,
     after a first round, the learner found too little new experience for `idle_seconds` (a good
     model mostly repeats replies it was already trained on, and duplicates are not trained twice)."""

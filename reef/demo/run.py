@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where reef serve runs; experience lands in WORKDIR/data (wiped first)")
     parser.add_argument("--rounds", type=int, default=3, help="stop after this many learning rounds")
     parser.add_argument("--max-seconds", type=float, default=480)
-    parser.add_argument("--min-records", type=int, default=48, help="rewarded chats that start a round")
+    parser.add_argument("--min-records", type=int, default=32, help="rewarded chats that start a round")
     parser.add_argument("--scenario", default=SCENARIO)
     args = parser.parse_args(argv)
 
