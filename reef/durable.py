@@ -27,13 +27,7 @@ def write_all(fd: int, data: bytes) -> None:
 def replace_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Readers see the old content or the new, never a mix: write a sibling, sync it, rename."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        write_all(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, data, fsync)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -47,12 +41,16 @@ def append_line(path: Path, line: bytes, *, fsync: bool = True) -> None:
     """Append one record (`line` ends with a newline) to an append-only log; durable on return.
     A crash can leave only a torn last line, which readers skip as never acknowledged."""
     created = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    _write(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, line, fsync)
+    if created and fsync:
+        fsync_path(path.parent)
+
+
+def _write(path: Path, flags: int, data: bytes, fsync: bool) -> None:
+    fd = os.open(path, flags, 0o644)
     try:
-        write_all(fd, line)
+        write_all(fd, data)
         if fsync:
             os.fsync(fd)
     finally:
         os.close(fd)
-    if created and fsync:
-        fsync_path(path.parent)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reef.gateway.errors import ReefError
 from reef.gateway.state import GatewayState, get_state
 from reef.release.artifacts import ArtifactError
-from reef.release.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry
+from reef.release.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry, find_candidate
 from reef.release.chain import HeadMovedError, ReleaseError, ReleaseNotFoundError
 from reef.release.publisher import (
     EngineConflictError,
@@ -144,30 +144,23 @@ async def list_candidates(request: Request, scenario: str | None = None) -> dict
     return {"candidates": [v.model_dump(mode="json") for v in views]}
 
 
-def _find(st: GatewayState, candidate_id: str) -> CandidateRegistry:
-    for s in CandidateRegistry.scenarios(st.config.data_dir):
-        registry = CandidateRegistry(st.config.data_dir, s)
-        if any(v.candidate_id.startswith(candidate_id) for v in registry.list()):
-            return registry
-    raise ReefError(404, f"no candidate {candidate_id!r}", code="not_found")
-
-
 @router.get("/reef/candidates/{candidate_id}")
 async def get_candidate(candidate_id: str, request: Request) -> dict[str, Any]:
-    st = get_state(request)
     try:
-        return _find(st, candidate_id).get(candidate_id, details=True).model_dump(mode="json")
+        return find_candidate(get_state(request).config.data_dir, candidate_id).model_dump(mode="json")
     except CandidateNotFoundError as exc:
         raise ReefError(404, str(exc), code="not_found") from exc
 
 
 @router.post("/reef/candidates/{candidate_id}/reject")
 async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
-    st = _admin(request)
+    data_dir = _admin(request).config.data_dir
     try:
-        return _find(st, candidate_id).reject(candidate_id, body.reason, body.by or "admin").model_dump(mode="json")
+        view = find_candidate(data_dir, candidate_id)
+        rejected = CandidateRegistry(data_dir, view.scenario).reject(view.candidate_id, body.reason, body.by or "admin")
     except Exception as exc:  # noqa: BLE001
         raise _as_http(exc) from exc
+    return rejected.model_dump(mode="json")
 
 
 @router.post("/reef/scenarios/{scenario}/canary", status_code=201)

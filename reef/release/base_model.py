@@ -36,7 +36,8 @@ def ensure_scenario(data_dir: Path | str, scenario: str, model: str,
     """The scenario's chain and its r0, created from `model` on first use."""
     store = store or ArtifactStore.for_data_dir(data_dir)
     chain = ReleaseChain.for_data_dir(data_dir, scenario, artifacts=store)
-    r0 = chain.releases()[0] if chain.releases() else None
+    releases = chain.releases()
+    r0 = releases[0] if releases else None
     if r0 is None:
         base = import_base_model(store, model)
         r0 = chain.ensure_base(base.content_id, base.lineage)
