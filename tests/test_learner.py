@@ -14,6 +14,8 @@ from reef.demo.task import SCENARIO
 from reef.recipe import ledger
 from tests.conftest import MODEL_NAME, TINY, Gateway
 
+MIN_RECORDS = 24  # rewarded chats a round waits for; 320 chats at ~16% success give ~40
+
 
 def _learner(gw: Gateway) -> dict:
     return httpx.get(f"{gw.url}/reef/status").json()["learner"]
@@ -30,11 +32,20 @@ def _wait(gw: Gateway, until, timeout_s: float = 240.0) -> dict:  # noqa: ANN001
 
 
 def test_serve_runs_learning_rounds(make_gateway) -> None:
+    # Traffic first, learner after (a restart over the same data): a round that started on the first
+    # few rewarded chats would learn too little for the gate to tell (LoRA on ~10 samples, measured).
+    recorder: Gateway = make_gateway("learner", env={"REEF_SERVED_MODEL_NAME": MODEL_NAME,
+                                                     "REEF_STORE__FLUSH_INTERVAL_S": "0.2"})
+    recorder.start()
+    summary = simulate(recorder.url, requests=320, concurrency=8, progress=False)
+    recorder.stop()
+    assert summary.errors == 0 and sum(summary.scores) >= MIN_RECORDS, "need rewarded traffic to learn from"
+
     gw: Gateway = make_gateway("learner", extra_args=["--model", str(TINY)], env={
-        "REEF_LEARNER__ENABLED": "true", "REEF_LEARNER__INTERVAL_S": "1", "REEF_STORE__FLUSH_INTERVAL_S": "0.2",
+        "REEF_LEARNER__ENABLED": "true", "REEF_LEARNER__INTERVAL_S": "1",
+        "REEF_LEARNER__MIN_RECORDS": str(MIN_RECORDS), "REEF_STORE__FLUSH_INTERVAL_S": "0.2",
         "REEF_SERVED_MODEL_NAME": MODEL_NAME, "REEF_RELEASE__POLICY": "auto", "REEF_RELEASE__GATE_SAMPLES": "2",
     })
-    gw.workdir.mkdir(parents=True)
     (gw.workdir / "params.yaml").write_text(yaml.safe_dump({
         "scenario": SCENARIO,
         "base_model": {"path": str(TINY)},
@@ -46,8 +57,6 @@ def test_serve_runs_learning_rounds(make_gateway) -> None:
     }))
     gw.start()
     assert _learner(gw)["enabled"] is True
-    summary = simulate(gw.url, requests=80, concurrency=8, progress=False)
-    assert summary.errors == 0 and sum(summary.scores) >= 1, "need some rewarded traffic to learn from"
 
     running = _wait(gw, lambda s: s["running"] or s["rounds"] >= 1)
     if running["running"]:  # serving goes on while a round trains
