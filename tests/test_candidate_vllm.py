@@ -182,7 +182,7 @@ def test_base_requests_batched_with_adapters_keep_base_weights(engine: str, cand
         return i, chat(engine, names[i % 4] if i % 2 else BASE_NAME, PROMPTS[(i // 2) % len(PROMPTS)])
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        replies = list(pool.map(ask, range(96)))
+        replies = list(pool.map(ask, range(160)))
     worst = 0.0
     for i, reply in replies:
         if i % 2 == 0:
