@@ -97,3 +97,17 @@ def reject(url: str, token: str | None, candidate_id: str, reason: str, by: str 
     outcome = _run(f"Rejecting {candidate_id[:12]}", url, token, lambda c: c.reject(
         candidate_id, reason, by=by))
     return Outcome(True, f"Rejected {candidate_id[:12]}.", None, outcome.body) if outcome.ok else outcome
+
+
+def start_canary(url: str, token: str | None, scenario: str, candidate_id: str, fraction: float) -> Outcome:
+    outcome = _run(f"Starting a canary of {candidate_id[:12]}", url, token, lambda c: c.start_canary(
+        scenario, candidate_id, fraction))
+    if outcome.ok:
+        return Outcome(True, f"Canary of {candidate_id[:12]} started: {fraction:.0%} of {scenario}'s requests "
+                             "go to it until the rule decides.", None, outcome.body)
+    return outcome
+
+
+def stop_canary(url: str, token: str | None, scenario: str) -> Outcome:
+    outcome = _run("Aborting the canary", url, token, lambda c: c.stop_canary(scenario))
+    return Outcome(True, "Canary aborted: all traffic goes to the head.", None, outcome.body) if outcome.ok else outcome

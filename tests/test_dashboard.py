@@ -41,13 +41,13 @@ def serve(work: Path, vllm_url: str, tiny_model: Path, env: dict[str, str] | Non
 
 @pytest.fixture(scope="module")
 def served(vllm_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """A data dir with experience and two selected LoRA candidates, served by a real gateway."""
+    """A data dir with experience and three selected LoRA candidates, served by a real gateway."""
     work = tmp_path_factory.mktemp("dashboard")
     data_dir = work / "data"
     ensure_scenario(data_dir, SCENARIO, str(tiny_model))  # r0: the base model the server runs
     write_records(data_dir, SCENARIO, [f"{SCENARIO}@r0"], RECORDS, hours=2.0)  # before the server locks the store
     ids = []
-    for seed in (1, 2):
+    for seed in (1, 2, 3):  # approve, reject, canary
         folder = make_lora_candidate(tiny_model, work / f"lora-{seed}", SCENARIO, seed=seed)
         view = register_candidate(data_dir, folder)
         CandidateRegistry(data_dir, SCENARIO).record_gate(
@@ -146,7 +146,7 @@ def test_candidates_compare_with_head(served: dict, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.vllm
 def test_release_approve_reject_rollback_and_conflict(served: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    first, second = served["candidates"]
+    first, second, _ = served["candidates"]
     at = app(monkeypatch, served["data_dir"], served["url"], "release")
     assert {m.label: m.value for m in at.metric}["Head"] == f"{SCENARIO}@r0"
 
@@ -186,6 +186,35 @@ def test_release_approve_reject_rollback_and_conflict(served: dict, monkeypatch:
     with ReefClient(served["url"]) as client:
         releases = client.releases(SCENARIO)
     assert releases["head"]["restores"] == f"{SCENARIO}@r1" and releases["serving"]["release_id"] == f"{SCENARIO}@r3"
+
+
+@pytest.mark.vllm
+def test_release_page_runs_a_canary(served: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    third = served["candidates"][2]
+    at = app(monkeypatch, served["data_dir"], served["url"], "release", token=TOKEN)
+    at.selectbox(key="canary_candidate").set_value(third).run()
+    at.number_input(key="canary_fraction").set_value(0.5).run()
+    at.button(key="canary_start").click().run()
+    assert any("Canary of" in s for s in texts(at, "success")), texts(at, "error")
+    with ReefClient(served["url"]) as client:
+        canary = client.releases(SCENARIO)["serving"]["canary"]
+    assert (canary["state"], canary["candidate_id"], canary["fraction"]) == ("running", third, 0.5)
+
+    chat = served["gateway"].client(**{"x-reef-scenario": SCENARIO})
+    for i in range(12):
+        chat.chat.completions.create(model="reef-tiny", messages=[{"role": "user", "content": f"What is {i} + 1?"}],
+                                     max_tokens=4)
+    at.run()  # the page shows both arms' live numbers
+    arms = next(d.value for d in at.dataframe if "arm" in d.value.columns)
+    requests = dict(zip(arms["arm"], arms["requests"], strict=True))
+    assert sum(requests.values()) == 12 and requests["candidate"] > 0, requests
+
+    at.button(key="canary_abort").click().run()
+    assert any("Canary aborted" in s for s in texts(at, "success")), texts(at, "error")
+    with ReefClient(served["url"]) as client:
+        canary = client.releases(SCENARIO)["serving"]["canary"]
+    assert canary["state"] == "aborted"
+    assert at.button(key="canary_start")  # the page offers a new canary
 
 
 @pytest.mark.vllm

@@ -1,4 +1,4 @@
-"""Release: approve, reject, release and roll back through the server's release API.
+"""Release: approve, reject, release, roll back and run canaries through the server's release API.
 
 Every button carries the head this page showed (bound when the page rendered, not re-read at the
 click), so a release made by someone else in between is refused by the server (409 head_moved)
@@ -54,6 +54,10 @@ def act(kind: str, target: str, expected_parent: str) -> None:
         outcome = api.release(cfg.url, token(), scenario, target, expected_parent, by)
     elif kind == "rollback":
         outcome = api.rollback(cfg.url, token(), scenario, target, expected_parent, by)
+    elif kind == "canary":
+        outcome = api.start_canary(cfg.url, token(), scenario, target, float(st.session_state["canary_fraction"]))
+    elif kind == "abort_canary":
+        outcome = api.stop_canary(cfg.url, token(), scenario)
     else:
         reason = (st.session_state.get(f"reason_{target}") or "").strip() or "rejected in the dashboard"
         outcome = api.reject(cfg.url, token(), target, reason, by)
@@ -141,6 +145,36 @@ with right:
                   on_click=act, args=("rollback", target, head_id))
     else:
         st.caption("Nothing to roll back to.")
+
+# --- canary --------------------------------------------------------------------------------------
+st.subheader("Canary")
+canary = ((live or {}).get("serving") or {}).get("canary")
+if canary:
+    arms = canary.get("arms") or {}
+    st.markdown(f"**{canary['state']}** · candidate `{ui.short(canary['candidate_id'])}` · "
+                f"{canary['fraction']:.0%} of requests · vs head {canary.get('head_release_id')}"
+                + (f"  \n{canary['reason']}" if canary.get("reason") else ""))
+    st.dataframe(pl.DataFrame([{"arm": name, **arm} for name, arm in arms.items()],
+                              schema_overrides={"mean_score": pl.Float64}), hide_index=True, width="stretch")
+running = bool(canary and canary["state"] == "running")
+if running:
+    st.caption(f"It decides once each arm has {canary.get('min_reports')} reports: promote if the candidate's "
+               f"mean reward is at least the head's minus {canary.get('tolerance')}, else abort.")
+    st.button("Abort canary", key="canary_abort", icon=":material/cancel:", disabled=not can_act,
+              on_click=act, args=("abort_canary", canary["candidate_id"], head_id))
+else:
+    loras = [v["candidate_id"] for v in views if v["status"] == "selected" and v["kind"] == "lora"]
+    if loras:
+        c = st.columns([3, 2])
+        pick = c[0].selectbox("Candidate", loras, key="canary_candidate", format_func=lambda cid: cid[:12])
+        c[1].number_input("Share of requests", min_value=0.01, max_value=0.99, value=0.1, step=0.05,
+                          key="canary_fraction")
+        st.caption("A canary sends a share of live traffic to a selected LoRA candidate and compares live "
+                   "rewards with the head's over the same period; the scenario's rule promotes or aborts it.")
+        st.button("Start canary", key="canary_start", icon=":material/science:", disabled=not can_act,
+                  on_click=act, args=("canary", pick, head_id))
+    else:
+        st.caption("No selected LoRA candidate to run a canary with.")
 
 # --- the chain -----------------------------------------------------------------------------------
 st.subheader("Release chain")
