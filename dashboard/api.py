@@ -6,6 +6,7 @@ meantime the server answers 409 `head_moved`, nothing changes, and the page says
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,9 @@ def _client(url: str, token: str | None) -> Any:
     return ReefClient(url, admin_token=token or "", timeout_s=600.0)
 
 
-def _run(what: str, url: str, token: str | None, call: Any) -> Outcome:
+def _run(what: str, url: str, token: str | None, call: Callable[[Any], Any],
+         done: Callable[[dict[str, Any]], str]) -> Outcome:
+    """`call(client)`, its refusal said plainly, or `done(body)` as the success message."""
     from reef.client import HeadMovedError, ReefAPIError
 
     try:
@@ -67,47 +70,41 @@ def _run(what: str, url: str, token: str | None, call: Any) -> Outcome:
         return Outcome(False, f"{what} refused (HTTP {exc.status} {exc.code or ''}): {exc.message}", exc.code)
     except httpx.HTTPError as exc:
         return Outcome(False, f"{what} failed: cannot reach the server ({exc}).", "unreachable")
-    return Outcome(True, f"{what}: done.", None, body if isinstance(body, dict) else None)
+    body = body if isinstance(body, dict) else None
+    return Outcome(True, done(body) if body else f"{what}: done.", None, body)
+
+
+def _swap_ms(body: dict[str, Any]) -> str:
+    ms = (body.get("swap") or {}).get("ms")
+    return f" (swap {ms:.0f} ms)" if isinstance(ms, int | float) else ""
 
 
 def release(url: str, token: str | None, scenario: str, candidate_id: str, expected_parent: str,
             by: str | None) -> Outcome:
-    outcome = _run(f"Releasing {candidate_id[:12]}", url, token, lambda c: c.release(
-        scenario, candidate_id, expected_parent=expected_parent, approved_by=by))
-    if outcome.ok and outcome.body:
-        rel = outcome.body.get("release") or {}
-        swap = outcome.body.get("swap") or {}
-        ms = f" (swap {swap['ms']:.0f} ms)" if isinstance(swap.get("ms"), int | float) else ""
-        return Outcome(True, f"Released {candidate_id[:12]} as {rel.get('release_id')}{ms}.", None, outcome.body)
-    return outcome
+    return _run(f"Releasing {candidate_id[:12]}", url, token, lambda c: c.release(
+        scenario, candidate_id, expected_parent=expected_parent, approved_by=by),
+        lambda b: f"Released {candidate_id[:12]} as {(b.get('release') or {}).get('release_id')}{_swap_ms(b)}.")
 
 
 def rollback(url: str, token: str | None, scenario: str, release_id: str, expected_parent: str,
              by: str | None) -> Outcome:
-    outcome = _run(f"Rolling back to {release_id}", url, token, lambda c: c.rollback(
-        scenario, release_id, expected_parent=expected_parent, approved_by=by))
-    if outcome.ok and outcome.body:
-        rel = outcome.body.get("release") or {}
-        return Outcome(True, f"Rolled back: {rel.get('release_id')} serves {release_id}'s content again.", None,
-                       outcome.body)
-    return outcome
+    return _run(f"Rolling back to {release_id}", url, token, lambda c: c.rollback(
+        scenario, release_id, expected_parent=expected_parent, approved_by=by),
+        lambda b: f"Rolled back: {(b.get('release') or {}).get('release_id')} serves {release_id}'s content again.")
 
 
 def reject(url: str, token: str | None, candidate_id: str, reason: str, by: str | None) -> Outcome:
-    outcome = _run(f"Rejecting {candidate_id[:12]}", url, token, lambda c: c.reject(
-        candidate_id, reason, by=by))
-    return Outcome(True, f"Rejected {candidate_id[:12]}.", None, outcome.body) if outcome.ok else outcome
+    return _run(f"Rejecting {candidate_id[:12]}", url, token, lambda c: c.reject(candidate_id, reason, by=by),
+                lambda _: f"Rejected {candidate_id[:12]}.")
 
 
 def start_canary(url: str, token: str | None, scenario: str, candidate_id: str, fraction: float) -> Outcome:
-    outcome = _run(f"Starting a canary of {candidate_id[:12]}", url, token, lambda c: c.start_canary(
-        scenario, candidate_id, fraction))
-    if outcome.ok:
-        return Outcome(True, f"Canary of {candidate_id[:12]} started: {fraction:.0%} of {scenario}'s requests "
-                             "go to it until the rule decides.", None, outcome.body)
-    return outcome
+    return _run(f"Starting a canary of {candidate_id[:12]}", url, token,
+                lambda c: c.start_canary(scenario, candidate_id, fraction),
+                lambda _: f"Canary of {candidate_id[:12]} started: {fraction:.0%} of {scenario}'s requests go "
+                          "to it until the rule decides.")
 
 
 def stop_canary(url: str, token: str | None, scenario: str) -> Outcome:
-    outcome = _run("Aborting the canary", url, token, lambda c: c.stop_canary(scenario))
-    return Outcome(True, "Canary aborted: all traffic goes to the head.", None, outcome.body) if outcome.ok else outcome
+    return _run("Aborting the canary", url, token, lambda c: c.stop_canary(scenario),
+                lambda _: "Canary aborted: all traffic goes to the head.")
