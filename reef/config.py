@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reef.scenario.schema import Policy, RecipeSpec, Scenario
+
 DEFAULT_CONFIG_FILE = Path("serve.yaml")
 ENV_PREFIX = "REEF_"
 DEFAULT_TINY_MODEL = Path("data/models/tiny")
@@ -65,22 +67,8 @@ class LearnerConfig(_Strict):
     min_records: int = Field(default=1, ge=1, description="eligible new records needed to start a round")
 
 
-Policy = Literal["auto", "approval"]
-
-
-class CanaryConfig(_Strict):
-    """How a canary splits live traffic and when it decides (`POST /reef/scenarios/{s}/canary`)."""
-
-    fraction: float = Field(default=0.1, gt=0, lt=1, description="share of the scenario's requests")
-    min_reports: int = Field(default=30, ge=1, description="reports per arm before deciding")
-    tolerance: float = Field(
-        default=0.0, ge=0, description="promote when candidate mean reward >= head mean - tolerance, else abort"
-    )
-
-
-class ScenarioConfig(_Strict):
-    policy: Policy | None = Field(default=None, description="auto | approval; unset: release.policy")
-    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+# Kept under its old name: a scenario's serve.yaml block is the public `reef.Scenario` type.
+ScenarioConfig = Scenario
 
 
 class ReleaseConfig(_Strict):
@@ -117,10 +105,14 @@ class ServeConfig(_Strict):
     store: StoreConfig = Field(default_factory=StoreConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     release: ReleaseConfig = Field(default_factory=ReleaseConfig)
-    scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
+    recipes: dict[str, RecipeSpec] = Field(default_factory=dict, description="named recipe settings")
+    scenarios: dict[str, Scenario] = Field(default_factory=dict, description="scenario declarations")
 
-    def scenario(self, name: str) -> ScenarioConfig:
-        return self.scenarios.get(name) or ScenarioConfig()
+    def scenario(self, name: str) -> Scenario:
+        """The scenario as declared by packages and this config together (see reef.scenario)."""
+        from reef.scenario.registry import get_scenario
+
+        return get_scenario(name, self)
 
     def policy(self, scenario: str) -> Policy:
         return self.scenario(scenario).policy or self.release.policy
@@ -135,7 +127,7 @@ class ServeConfig(_Strict):
 
 
 _SECRETS = {"admin_token", "upstream.api_key"}
-_WHOLE = {"scenarios"}
+_WHOLE = {"scenarios", "recipes"}
 
 
 class ConfigError(ValueError):
@@ -146,7 +138,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        # `scenarios` is keyed by scenario names, which may hold dots: one value, never split.
+        # `scenarios` and `recipes` are keyed by names, which may hold dots: one value, never split.
         if isinstance(value, Mapping) and value and dotted not in _WHOLE:
             out.update(_flatten(value, f"{dotted}."))
         else:
@@ -213,8 +205,19 @@ def resolve(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid config: {problems}") from exc
+    if config_file is not None:
+        _anchor(config, Path(config_file).resolve().parent)
     resolved = _flatten(config.model_dump(mode="json"))
     return config, {key: sources.get(key, "default") for key in resolved}
+
+
+def _anchor(config: ServeConfig, folder: Path) -> None:
+    """Scenarios declared in a file find their eval files and reward modules next to it."""
+    for name, scenario in config.scenarios.items():
+        update: dict[str, Any] = {"name": name}
+        if scenario.base_dir is None:
+            update["base_dir"] = folder
+        config.scenarios[name] = scenario.model_copy(update=update)
 
 
 def describe(config: ServeConfig, sources: Mapping[str, str]) -> str:

@@ -105,3 +105,13 @@ def score_shaped(task: Task, completion_text: str) -> float:
     if value == task.answer:
         return 1.0
     return 0.1 + 0.2 * max(0.0, 1.0 - abs(value - task.answer) / 10)
+
+
+def as_row(task: Task) -> dict[str, object]:
+    """The task as a scenario task row (what the eval and tasks files hold)."""
+    return {"task_id": task.task_id, "messages": task.messages, "answer": task.answer}
+
+
+def reward(task: dict[str, object], reply: str) -> float:
+    """The demo scenario's declared reward: a per-task verifier over a task row."""
+    return 1.0 if parse_answer(reply) == task["answer"] else 0.0

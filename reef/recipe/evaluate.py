@@ -10,30 +10,29 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from reef.demo import task as demo
 from reef.recipe.spec import CANDIDATE_FILE
+from reef.scenario import EvalSuite, Score, eval_suite, get_scenario
 
 
-@dataclass(frozen=True)
-class EvalSuite:
-    prompts: Sequence[list[dict[str, str]]]
-    score: Callable[[int, str], float]  # (prompt index, reply text) -> reward
+def suite_for(scenario: str, engine_url: str | None = None, engine_model: str | None = None) -> EvalSuite:
+    """The declared eval suite of a scenario (see reef.scenario); ScenarioError when it has none."""
+    from reef.config import resolve
+
+    config, _ = resolve()  # serve.yaml in the working folder, if any, declares scenarios too
+    return eval_suite(get_scenario(scenario, config), engine_url, engine_model)
 
 
-def suite_for(scenario: str) -> EvalSuite:
-    """The eval suite of a scenario; only the bundled demo task has one so far."""
-    if scenario == demo.SCENARIO:
-        tasks = demo.eval_tasks()
-        return EvalSuite([t.messages for t in tasks], lambda i, text: demo.score(tasks[i], text))
-    raise LookupError(f"no eval suite for scenario {scenario!r}")
+def mean_score(scores: Sequence[Score]) -> float:
+    """Mean of the scored replies; a reply the reward could not score is left out (0 when none were)."""
+    values = [s.value for s in scores if s.value is not None]
+    return sum(values) / len(values) if values else 0.0
 
 
 def load_model(path: Path | str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -75,15 +74,19 @@ def replies(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts:
 
 def success_per_prompt(model_path: Path | str, suite: EvalSuite, **kwargs: Any) -> list[float]:
     model, tokenizer = load_model(model_path)
-    got = replies(model, tokenizer, suite.prompts, **kwargs)
-    return [sum(suite.score(i, r) for r in rs) / len(rs) for i, rs in enumerate(got)]
+    got = replies(model, tokenizer, suite.prompts, max_new_tokens=suite.max_new_tokens, **kwargs)
+    return [mean_score(scores) for scores in suite.score(got)]
 
 
-def evaluate(candidate: Path | str, baseline: Path | str, scenario: str, *, samples: int = 4, seed: int = 0,
-             temperature: float = 1.0, out: Path | str | None = None) -> dict[str, Any]:
-    """Paired success rates of `candidate` and `baseline` on the scenario's eval suite; written
-    as JSON to `out` when given (the DVC metrics file)."""
+def evaluate(candidate: Path | str, baseline: Path | str, scenario: str, *, samples: int | None = None,
+             seed: int | None = None, temperature: float | None = None,
+             out: Path | str | None = None) -> dict[str, Any]:
+    """Paired success rates of `candidate` and `baseline` on the scenario's eval suite (its own
+    samples, seed and temperature unless given); written as JSON to `out` when given (DVC metrics)."""
     suite = suite_for(scenario)
+    samples = suite.samples if samples is None else samples
+    seed = suite.seed if seed is None else seed
+    temperature = suite.temperature if temperature is None else temperature
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

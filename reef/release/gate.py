@@ -29,7 +29,7 @@ from reef.release.schema import Release
 
 @dataclass(frozen=True)
 class GateConfig:
-    samples: int = 4
+    samples: int | None = None  # None: the scenario's eval.samples
     seed: int = 0
     temperature: float = 1.0
     confidence: float = 0.95
@@ -78,10 +78,11 @@ def compare(store: ArtifactStore, candidate: str, head: Release, scenario: str, 
     import torch
     from tqdm.auto import tqdm
 
-    from reef.recipe.evaluate import replies, suite_for
+    from reef.recipe.evaluate import mean_score, replies, suite_for
 
     started = time.monotonic()
     suite = suite_for(scenario)
+    samples = config.samples or suite.samples
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model's ops are too small for a second thread to help
     outputs: dict[str, list[list[str]]] = {}
@@ -90,20 +91,19 @@ def compare(store: ArtifactStore, candidate: str, head: Release, scenario: str, 
         for arm, content in tqdm([("candidate", candidate), ("head", head.content_id)], desc="gate",
                                  disable=not progress):
             model, tokenizer = _load(store, content)
-            outputs[arm] = replies(model, tokenizer, suite.prompts, samples=config.samples,
-                                   temperature=config.temperature, seed=config.seed)
+            outputs[arm] = replies(model, tokenizer, suite.prompts, samples=samples, temperature=suite.temperature,
+                                   seed=suite.seed, max_new_tokens=suite.max_new_tokens)
             if arm == "candidate":
                 probe_text = replies(model, tokenizer, suite.prompts[:1], samples=1, temperature=0.0, seed=0,
                                      max_new_tokens=config.probe_tokens)[0][0]
     finally:
         torch.set_num_threads(threads)
+    scored = {arm: suite.score(outputs[arm]) for arm in outputs}
     outcomes = []
     for i, messages in enumerate(suite.prompts):
-        cand, base = outputs["candidate"][i], outputs["head"][i]
         outcomes.append(PromptOutcome(
-            messages=list(messages), candidate_replies=cand, head_replies=base,
-            candidate_score=sum(suite.score(i, r) for r in cand) / len(cand),
-            head_score=sum(suite.score(i, r) for r in base) / len(base),
+            messages=list(messages), candidate_replies=outputs["candidate"][i], head_replies=outputs["head"][i],
+            candidate_score=mean_score(scored["candidate"][i]), head_score=mean_score(scored["head"][i]),
         ))
     diffs = [o.candidate_score - o.head_score for o in outcomes]
     low, high = bootstrap_ci(diffs, config.confidence, config.bootstrap, config.seed)
@@ -119,7 +119,7 @@ def compare(store: ArtifactStore, candidate: str, head: Release, scenario: str, 
         decision="select" if selected else "reject", reason=reason, head_release_id=head.release_id,
         candidate_success=round(cand_success, 4), head_success=round(head_success, 4),
         delta=round(delta, 4), ci_low=round(low, 4), ci_high=round(high, 4), confidence=config.confidence,
-        prompts=n, samples_per_prompt=config.samples, wins=sum(d > 0 for d in diffs),
+        prompts=n, samples_per_prompt=samples, wins=sum(d > 0 for d in diffs),
         losses=sum(d < 0 for d in diffs), ties=sum(d == 0 for d in diffs),
         probe=Probe(messages=list(suite.prompts[0]), max_tokens=config.probe_tokens, text=probe_text),
         seconds=round(time.monotonic() - started, 2), per_prompt=outcomes,

@@ -1,0 +1,38 @@
+"""The demo-add scenario, declared through the public contract like any user's (`reef.scenarios`
+entry point in pyproject.toml): eval and task files next to this module, a per-task reward.
+
+    python -m reef.demo.scenario    # rewrite data/eval.jsonl and data/tasks.jsonl from reef.demo.task
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reef.scenario import EvalSpec, Scenario
+
+HERE = Path(__file__).resolve().parent
+
+
+def scenario() -> Scenario:
+    return Scenario(
+        name="demo-add",
+        description="single-digit addition; the reply must say 'Answer: <sum>'",
+        reward="reef.demo.task:reward",
+        eval=EvalSpec(path=Path("data/eval.jsonl"), max_new_tokens=16, samples=4, temperature=1.0),
+        tasks=Path("data/tasks.jsonl"),
+        base_dir=HERE,
+    )
+
+
+def write_files() -> None:
+    from reef.demo import task
+
+    (HERE / "data").mkdir(exist_ok=True)
+    for name, tasks in (("eval", task.eval_tasks()), ("tasks", task.train_tasks(0))):
+        lines = [json.dumps(task.as_row(t)) for t in tasks]
+        (HERE / "data" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    write_files()

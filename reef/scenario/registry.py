@@ -1,0 +1,102 @@
+"""Where scenarios come from: installed packages (the `reef.scenarios` entry-point group) and
+serve.yaml (`scenarios:`), merged key by key with serve.yaml winning, so a file can set the policy
+of a scenario a package ships without restating its eval suite.
+
+An entry point names a `Scenario`, a list of them, or a function returning either:
+
+    [project.entry-points."reef.scenarios"]
+    support = "my_pkg.scenarios:support"
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from reef.scenario.reward import RewardError, RewardFn, function_reward, judge_reward
+from reef.scenario.schema import JudgeReward, Scenario
+from reef.scenario.suite import EvalSuite, ScenarioError, Task, load_tasks
+
+if TYPE_CHECKING:
+    from reef.config import ServeConfig
+
+ENTRY_POINT_GROUP = "reef.scenarios"
+_PATH_KEYS = {"eval", "tasks", "reward"}
+
+
+def _as_scenarios(obj: Any, origin: str) -> Iterable[Scenario]:
+    if callable(obj) and not isinstance(obj, Scenario):
+        obj = obj()
+    items = obj if isinstance(obj, list | tuple) else [obj]
+    for item in items:
+        if not isinstance(item, Scenario):
+            raise ScenarioError(f"entry point {origin} gave {type(item).__name__}, not a reef.Scenario")
+        if not item.name:
+            raise ScenarioError(f"entry point {origin} gave a Scenario without a name")
+        yield item
+
+
+@functools.cache
+def packaged_scenarios() -> dict[str, Scenario]:
+    """Scenarios shipped by installed packages, by name."""
+    out: dict[str, Scenario] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        for scenario in _as_scenarios(ep.load(), f"{ep.name} = {ep.value}"):
+            out[scenario.name] = scenario
+    return out
+
+
+def merge(base: Scenario | None, declared: Scenario) -> Scenario:
+    """`declared` (from serve.yaml) over `base` (from a package): only the keys the file set."""
+    if base is None:
+        return declared
+    override = {k: getattr(declared, k) for k in declared.model_fields_set if k != "name"}
+    if not _PATH_KEYS & set(override):
+        override.pop("base_dir", None)  # the package's paths stay relative to the package
+    return base.model_copy(update=override)
+
+
+def all_scenarios(config: ServeConfig | None = None) -> dict[str, Scenario]:
+    """Every declared scenario: packaged ones, with serve.yaml's declarations merged over them."""
+    out = dict(packaged_scenarios())
+    for name, declared in (config.scenarios if config is not None else {}).items():
+        out[name] = merge(out.get(name), declared.model_copy(update={"name": name}))
+    return out
+
+
+def get_scenario(name: str, config: ServeConfig | None = None) -> Scenario:
+    """The declared scenario, or an undeclared one (records only: no eval suite, no reward)."""
+    return all_scenarios(config).get(name) or Scenario(name=name)
+
+
+def reward_for(scenario: Scenario, engine_url: str | None = None, engine_model: str | None = None) -> RewardFn:
+    if scenario.reward is None:
+        raise ScenarioError(f"scenario {scenario.name!r} declares no reward")
+    if isinstance(scenario.reward, JudgeReward):
+        return judge_reward(scenario.reward.judge, engine_url, engine_model)
+    try:
+        return function_reward(scenario.reward, scenario.base_dir)
+    except RewardError as exc:
+        raise ScenarioError(f"scenario {scenario.name!r}: reward: {exc}") from exc
+
+
+def eval_suite(scenario: Scenario, engine_url: str | None = None, engine_model: str | None = None) -> EvalSuite:
+    """The scenario's eval suite with its reward; ScenarioError when it declares none."""
+    spec = scenario.eval
+    if spec is None:
+        raise ScenarioError(f"scenario {scenario.name!r} declares no eval suite (eval.path)")
+    tasks = load_tasks(scenario.resolve_path(spec.path), f"scenario {scenario.name!r}: eval.path")
+    if spec.limit is not None:
+        tasks = tasks[: spec.limit]
+    return EvalSuite(tasks=tasks, reward=reward_for(scenario, engine_url, engine_model),
+                     max_new_tokens=spec.max_new_tokens, samples=spec.samples, temperature=spec.temperature,
+                     seed=spec.seed, name=scenario.name)
+
+
+def training_tasks(scenario: Scenario) -> list[Task]:
+    """The scenario's `tasks:` (prompts for recipes that make their own experience)."""
+    if scenario.tasks is None:
+        raise ScenarioError(f"scenario {scenario.name!r} declares no tasks (tasks:)")
+    return load_tasks(scenario.resolve_path(scenario.tasks), f"scenario {scenario.name!r}: tasks")

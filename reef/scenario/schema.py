@@ -1,0 +1,130 @@
+"""The scenario contract: what a user declares so that Reef can learn, gate and release for their agent.
+
+A scenario is the unit everything after recording is keyed by (the `x-reef-scenario` header). It
+declares how to judge a reply (`reward`), what to judge on before a release (`eval`), which
+prompts a recipe may practise on (`tasks`), and which recipe learns from its traffic (`recipe`).
+The same pydantic types are what `serve.yaml` is parsed into and what Python users construct:
+
+    recipes:
+      fast-rft: {recipe: rft, batch_size: 64, max_staleness: 2, params: {kind: lora}}
+    scenarios:
+      support:
+        policy: approval
+        recipe: fast-rft
+        eval: {path: scenarios/support/eval.jsonl, max_new_tokens: 256, samples: 4, temperature: 1.0}
+        reward: my_pkg.rewards:score
+
+Relative paths (eval, tasks) and reward modules are resolved against `base_dir`: the folder of
+the serve.yaml that declared the scenario, or the package that shipped it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Policy = Literal["auto", "approval"]
+StalePolicy = Literal["drop", "downweight"]
+
+
+class _Strict(BaseModel):
+    # An unknown key is an error naming that key, never silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class CanaryConfig(_Strict):
+    """How a canary splits live traffic and when it decides (`POST /reef/scenarios/{s}/canary`)."""
+
+    fraction: float = Field(default=0.1, gt=0, lt=1, description="share of the scenario's requests")
+    min_reports: int = Field(default=30, ge=1, description="reports per arm before deciding")
+    tolerance: float = Field(
+        default=0.0, ge=0, description="promote when candidate mean reward >= head mean - tolerance, else abort"
+    )
+
+
+class RecipeSpec(_Strict):
+    """A named recipe setting (serve.yaml `recipes.<name>`), or a scenario's inline one."""
+
+    recipe: str = Field(description="a built-in name (rft, online_rl, kto, ttt, self_play) or module:Class")
+    batch_size: int | None = Field(default=None, ge=1, description="eligible rewarded records one round takes")
+    max_staleness: int | None = Field(default=None, ge=0, description="releases behind the head a record may be")
+    stale_policy: StalePolicy | None = Field(default=None, description="drop | downweight records past max_staleness")
+    min_records: int | None = Field(default=None, ge=1, description="eligible records needed to start a round")
+    params: dict[str, Any] = Field(default_factory=dict, description="the recipe config's own fields")
+
+    def recipe_params(self) -> dict[str, Any]:
+        """The keyword arguments of the recipe's config class (experience fields included)."""
+        out = dict(self.params)
+        for key in ("batch_size", "max_staleness", "stale_policy"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class EvalSpec(_Strict):
+    """The held-out suite the gate compares a candidate and the head on."""
+
+    path: Path = Field(description="JSON lines (one task per line) or a `datasets` folder (save_to_disk or parquet)")
+    max_new_tokens: int = Field(default=64, ge=1)
+    samples: int = Field(default=4, ge=1, description="replies per task and arm")
+    temperature: float = Field(default=1.0, ge=0)
+    seed: int = 0
+    limit: int | None = Field(default=None, ge=1, description="use only the first N tasks")
+
+
+class JudgeSpec(_Strict):
+    """An LLM judge: it reads the rubric, the task and the reply, and writes `Score: X`."""
+
+    model: str | None = Field(default=None, description="model name at `url`; null: the served model")
+    url: str | None = Field(default=None, description="an OpenAI-compatible base URL; null: the served engine")
+    rubric: str = Field(min_length=1)
+    scale: float = Field(default=1.0, gt=0, description="the judge scores 0..scale; divided into [0, 1]")
+    votes: int = Field(default=1, ge=1, description="judge calls per reply; the score is their mean")
+    max_tokens: int = Field(default=32, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    api_key: str | None = None
+
+
+class JudgeReward(_Strict):
+    judge: JudgeSpec
+
+
+Reward = str | JudgeReward
+
+
+class Scenario(_Strict):
+    """One scenario; `reef.Scenario` is this type."""
+
+    name: str = Field(default="", description="the x-reef-scenario value (the key it is declared under)")
+    description: str | None = None
+    policy: Policy | None = Field(default=None, description="auto | approval; unset: release.policy")
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    recipe: str | RecipeSpec | None = Field(
+        default=None, description="a name in `recipes:`, a built-in recipe, module:Class, or an inline spec"
+    )
+    reward: Reward | None = Field(
+        default=None, description="module:function (per task or TRL-style batch), or {judge: {...}}"
+    )
+    eval: EvalSpec | None = None
+    tasks: Path | None = Field(default=None, description="training prompts, for recipes that make their own samples")
+    base_dir: Path | None = Field(default=None, description="where relative paths and reward modules are found")
+
+    def resolve_path(self, path: Path) -> Path:
+        return path if path.is_absolute() or self.base_dir is None else self.base_dir / path
+
+    def merged(self, override: dict[str, Any]) -> Scenario:
+        """This scenario with the keys a later layer (serve.yaml over a package's) set."""
+        data = self.model_dump(exclude_unset=False)
+        data.update(override)
+        return Scenario.model_validate(data)
+
+    def recipe_spec(self, recipes: dict[str, RecipeSpec] | None = None) -> RecipeSpec | None:
+        """The recipe this scenario learns with: a `recipes:` entry by name, else a recipe reference."""
+        if self.recipe is None or isinstance(self.recipe, RecipeSpec):
+            return self.recipe
+        if recipes and self.recipe in recipes:
+            return recipes[self.recipe]
+        return RecipeSpec(recipe=self.recipe)
