@@ -19,12 +19,12 @@ from reef.engine.supervisor import EngineSupervisor
 from reef.engine.weights import EngineWeights
 from reef.experience.store import ExperienceStore
 from reef.gateway.app import create_app
-from reef.gateway.routing import Routes
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.upstream import Upstream
 from reef.learn.learner import Learner
 from reef.release.publisher import Publisher
+from reef.release.routing import Routes
 
 log = logging.getLogger("reef.serve")
 

@@ -51,7 +51,7 @@ class EngineWeights:
 
     async def reload_full(self, path: Path) -> None:
         """Drain what runs, load the weights in `path` in place, drop cached KV computed with the
-        old weights, resume. Callers hold new requests back meanwhile (routing.EngineHold)."""
+        old weights, resume. Callers hold new requests back meanwhile (reef.engine.hold.EngineHold)."""
         await self._post("/pause", "pausing the engine", params={"mode": "wait"})
         try:
             await self._post("/collective_rpc", "reloading weights", json={

@@ -18,15 +18,10 @@ from reef.gateway.errors import ReefError
 from reef.gateway.state import GatewayState, get_state
 from reef.release.artifacts import ArtifactError
 from reef.release.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry, find_candidate
-from reef.release.chain import HeadMovedError, ReleaseError, ReleaseNotFoundError
-from reef.release.publisher import (
-    EngineConflictError,
-    NotSelectedError,
-    Publisher,
-    StaleGateError,
-    SwapFailedError,
-)
+from reef.release.chain import HeadMovedError, NotSelectedError, ReleaseError, ReleaseNotFoundError, StaleGateError
+from reef.release.publisher import Publisher
 from reef.release.schema import SCENARIO_RE, Release
+from reef.release.swap import EngineConflictError, SwapFailedError
 
 router = APIRouter()
 
@@ -167,7 +162,7 @@ async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) 
 async def start_canary(scenario: str, body: CanaryIn, request: Request) -> dict[str, Any]:
     st = _admin(request)
     try:
-        canary = await _publisher(st).start_canary(_scenario(scenario), body.candidate, body.fraction)
+        canary = await _publisher(st).canary.start(_scenario(scenario), body.candidate, body.fraction)
     except Exception as exc:  # noqa: BLE001
         raise _as_http(exc) from exc
     return canary.public()
@@ -176,7 +171,7 @@ async def start_canary(scenario: str, body: CanaryIn, request: Request) -> dict[
 @router.delete("/reef/scenarios/{scenario}/canary")
 async def stop_canary(scenario: str, request: Request) -> dict[str, Any]:
     st = _admin(request)
-    canary = await _publisher(st).stop_canary(_scenario(scenario))
+    canary = await _publisher(st).canary.stop(_scenario(scenario))
     if canary is None:
         raise ReefError(404, f"no canary runs for {scenario}", code="not_found")
     return canary.public()

@@ -96,5 +96,5 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st.metrics.reports.labels(scenario).inc()
     ready = st.canaries.observe(record_ids, body.score)
     if ready and st.publisher is not None:
-        await st.publisher.decide_canaries(ready)
+        await st.publisher.canary.decide(ready)
     return ReportReceipt(report_id=report_id, agent_record_ids=record_ids, duplicate=False)

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from reef.config import ServeConfig
+from reef.engine.hold import EngineHold
 from reef.gateway.inflight import InFlight
 from reef.gateway.metrics import GatewayMetrics
-from reef.gateway.routing import EngineHold, Routes
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.upstream import Upstream
 from reef.release.canary import Canaries
+from reef.release.routing import Routes
 
 if TYPE_CHECKING:
     from reef.engine.supervisor import EngineSupervisor

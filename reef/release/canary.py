@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from reef.config import CanaryConfig
+from reef.scenario.schema import CanaryConfig
 
 Arm = Literal["candidate", "head"]
 CanaryState = Literal["running", "promoted", "aborted"]

@@ -70,6 +70,14 @@ class ChainCorruptError(ReleaseError):
     pass
 
 
+class NotSelectedError(ReleaseError):
+    """The candidate has no `select` decision from the gate (or was rejected, or is released)."""
+
+
+class StaleGateError(NotSelectedError):
+    """The gate compared the candidate with content that no longer serves: gate it again."""
+
+
 # flock excludes other processes; threads of this one are serialized first, so they never depend on
 # how flock treats two descriptors of one process (and wait on a cheap in-process lock instead).
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
