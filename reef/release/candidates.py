@@ -4,8 +4,11 @@ released them.
     <data_dir>/releases/<scenario>/candidates.jsonl   one CandidateEvent per line, append-only
     <data_dir>/releases/<scenario>/gate/<id>.json     the gate's per-prompt outputs (for people)
 
-A candidate's state is the fold of its events, so nothing is ever edited in place and the file is
-its own audit log. Registering imports the candidate folder into the content-addressed artifact
+A candidate's state is the fold of its events through `TRANSITIONS`, so nothing is ever edited in
+place and the file is its own audit log. Every append is checked against the table first: once
+released or rejected by a person a candidate stays so (a late gate result cannot select it again).
+
+Registering imports the candidate folder into the content-addressed artifact
 store; the candidate id is the artifact's content id, so registering the same weights twice is one
 candidate.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from reef.durable import append_line, replace_atomically
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
+from reef.statemachine import IllegalTransitionError, Transitions
+
+log = logging.getLogger("reef.release")
 
 CANDIDATES_FILE = "candidates.jsonl"
 LOCK_FILE = "CANDIDATES.LOCK"
@@ -35,9 +42,26 @@ MIN_PREFIX = 8
 Status = Literal["registered", "selected", "rejected", "released"]
 EventKind = Literal["registered", "evaluated", "rejected", "released"]
 
+# The states a candidate goes through. `gate_rejected` shows as status "rejected" but may be gated
+# again (a fixed eval suite, a gate error); a person's rejection and a release are final.
+TRANSITIONS = Transitions("candidate", {
+    None: {"registered"},
+    "registered": {"selected", "gate_rejected", "rejected"},
+    "selected": {"selected", "gate_rejected", "rejected", "released"},
+    "gate_rejected": {"selected", "gate_rejected", "rejected"},
+    "rejected": set(),
+    "released": set(),
+})
+_STATUS: dict[str, Status] = {"registered": "registered", "selected": "selected", "gate_rejected": "rejected",
+                              "rejected": "rejected", "released": "released"}
+
 
 class CandidateError(RuntimeError):
     pass
+
+
+class CandidateStateError(CandidateError, IllegalTransitionError):
+    """An event the candidate's state does not allow (e.g. a gate result after its release)."""
 
 
 class CandidateNotFoundError(CandidateError, LookupError):
@@ -95,6 +119,12 @@ class CandidateEvent(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+def _next_state(event: CandidateEvent) -> str:
+    if event.event == "evaluated":
+        return "selected" if event.data.get("decision") == "select" else "gate_rejected"
+    return event.event
+
+
 class CandidateView(BaseModel):
     """A candidate as of its latest event: what the API and the dashboard show."""
 
@@ -111,6 +141,7 @@ class CandidateView(BaseModel):
     rejected_by: str | None = None
     reject_reason: str | None = None
     release_id: str | None = None
+    state: str = Field(default="registered", exclude=True)  # the TRANSITIONS state behind `status`
 
 
 class CandidateRegistry:
@@ -145,26 +176,26 @@ class CandidateRegistry:
         """Every candidate, newest first."""
         views: dict[str, CandidateView] = {}
         for ev in self.events():
+            view = views.get(ev.candidate_id)
+            state = _next_state(ev)
+            if not TRANSITIONS.allowed(view.state if view else None, state):
+                # Only a log written before transitions were checked can hold one: keep the earlier state.
+                log.warning("%s: ignoring %s event of candidate %s in state %s", self.path, ev.event,
+                            ev.candidate_id[:12], view.state if view else None)
+                continue
+            update: dict[str, Any] = {"state": state, "status": _STATUS[state]}
             if ev.event == "registered":
                 views[ev.candidate_id] = CandidateView.model_validate(
-                    {**ev.data, "candidate_id": ev.candidate_id, "scenario": self.scenario, "status": "registered"}
-                )
+                    {**ev.data, "candidate_id": ev.candidate_id, "scenario": self.scenario, **update})
                 continue
-            view = views.get(ev.candidate_id)
-            if view is None:
-                continue
+            assert view is not None
             if ev.event == "evaluated":
-                gate = GateResult.model_validate(ev.data)
-                status: Status = "selected" if gate.decision == "select" else "rejected"
-                views[ev.candidate_id] = view.model_copy(update={"gate": gate, "status": status})
+                update["gate"] = GateResult.model_validate(ev.data)
             elif ev.event == "rejected":
-                views[ev.candidate_id] = view.model_copy(
-                    update={"status": "rejected", "rejected_by": ev.by, "reject_reason": ev.data.get("reason")}
-                )
+                update.update(rejected_by=ev.by, reject_reason=ev.data.get("reason"))
             elif ev.event == "released":
-                views[ev.candidate_id] = view.model_copy(
-                    update={"status": "released", "release_id": ev.data.get("release_id")}
-                )
+                update["release_id"] = ev.data.get("release_id")
+            views[ev.candidate_id] = view.model_copy(update=update)
         return sorted(views.values(), key=lambda v: v.created_at, reverse=True)
 
     def get(self, candidate_id: str, *, details: bool = False) -> CandidateView:
@@ -205,22 +236,25 @@ class CandidateRegistry:
         return self.get(manifest.content_id)
 
     def record_gate(self, candidate_id: str, result: GateResult) -> CandidateView:
-        if result.per_prompt is not None:
-            (self.dir / GATE_DIR).mkdir(parents=True, exist_ok=True)
-            replace_atomically(
-                self.dir / GATE_DIR / f"{candidate_id}.json",
-                json.dumps([o.model_dump(mode="json") for o in result.per_prompt]).encode(), fsync=self.fsync,
-            )
-        summary = result.model_dump(mode="json", exclude={"per_prompt"})
+        event = CandidateEvent(candidate_id=candidate_id, event="evaluated",
+                               data=result.model_dump(mode="json", exclude={"per_prompt"}))
         with self._locked():
-            self._append(CandidateEvent(candidate_id=candidate_id, event="evaluated", data=summary))
+            self.check(event)  # before the outputs: a refused result must not replace the last one's
+            if result.per_prompt is not None:
+                (self.dir / GATE_DIR).mkdir(parents=True, exist_ok=True)
+                replace_atomically(
+                    self.dir / GATE_DIR / f"{candidate_id}.json",
+                    json.dumps([o.model_dump(mode="json") for o in result.per_prompt]).encode(), fsync=self.fsync,
+                )
+            self._append(event)
         return self.get(candidate_id)
 
     def reject(self, candidate_id: str, reason: str, by: str | None = None) -> CandidateView:
         with self._locked():
             view = self.get(candidate_id)
             if view.status == "released":
-                raise CandidateError(f"{view.candidate_id[:12]} is released as {view.release_id}: roll back instead")
+                raise CandidateStateError(f"{view.candidate_id[:12]} is released as {view.release_id}: "
+                                          "roll back instead")
             self._append(CandidateEvent(candidate_id=view.candidate_id, event="rejected", by=by,
                                         data={"reason": reason}))
         return self.get(view.candidate_id)
@@ -240,7 +274,17 @@ class CandidateRegistry:
         finally:
             os.close(fd)
 
+    def check(self, event: CandidateEvent) -> None:
+        """Raise CandidateStateError unless the candidate's current state allows `event`."""
+        current = next((v for v in self.list() if v.candidate_id == event.candidate_id), None)
+        try:
+            TRANSITIONS.check(current.state if current else None, _next_state(event), event.candidate_id[:12])
+        except IllegalTransitionError as exc:
+            raise CandidateStateError(f"{exc} ({event.event} event refused)") from None
+
     def _append(self, event: CandidateEvent) -> None:
+        """Append one event (the caller holds the lock), if the candidate's state allows it."""
+        self.check(event)
         append_line(self.path, event.model_dump_json().encode() + b"\n", fsync=self.fsync)
 
 

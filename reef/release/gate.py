@@ -22,7 +22,16 @@ import numpy as np
 
 from reef.release.artifacts import ArtifactStore
 from reef.release.base_model import base_of, ensure_scenario, model_folders
-from reef.release.candidates import CandidateRegistry, CandidateView, GateResult, Probe, PromptOutcome, find_candidate
+from reef.release.candidates import (
+    TRANSITIONS,
+    CandidateRegistry,
+    CandidateStateError,
+    CandidateView,
+    GateResult,
+    Probe,
+    PromptOutcome,
+    find_candidate,
+)
 from reef.release.chain import ReleaseChain
 from reef.release.schema import Release
 
@@ -134,6 +143,8 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateConf
     the candidate was trained on)."""
     config = config or GateConfig()
     view: CandidateView = find_candidate(data_dir, candidate_id)
+    if TRANSITIONS.final(view.state):  # refused before spending minutes on a result nobody may record
+        raise CandidateStateError(f"candidate {view.candidate_id[:12]} is {view.status} for good: nothing to gate")
     store = ArtifactStore.for_data_dir(data_dir)
     registry = CandidateRegistry(data_dir, view.scenario)
     head: Release | None = ReleaseChain.for_data_dir(data_dir, view.scenario, artifacts=store).head()

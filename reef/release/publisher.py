@@ -33,7 +33,7 @@ from reef.release.artifacts import ArtifactError, ArtifactStore
 from reef.release.base_model import ensure_scenario, import_base_model
 from reef.release.canary import Canaries
 from reef.release.canary_control import CanaryController
-from reef.release.candidates import CandidateRegistry, CandidateView
+from reef.release.candidates import CandidateRegistry, CandidateStateError, CandidateView
 from reef.release.chain import HeadMovedError, NotSelectedError, ReleaseChain, ReleaseError, StaleGateError
 from reef.release.routing import Route, Routes
 from reef.release.schema import Release
@@ -180,7 +180,11 @@ class Publisher:
 
         release, swap = await self._publish(scenario, view.candidate_id, view.kind, expected_parent, commit,
                                             selected)
-        await asyncio.to_thread(registry.mark_released, view.candidate_id, release.release_id, approved_by)
+        try:
+            await asyncio.to_thread(registry.mark_released, view.candidate_id, release.release_id, approved_by)
+        except CandidateStateError as exc:  # a person rejected it during the swap: the chain is the truth
+            log.warning("%s: %s serves, but its candidate could not be marked released: %s", scenario,
+                        release.release_id, exc)
         return release, swap
 
     async def rollback(self, scenario: str, release_id: str, expected_parent: str,
