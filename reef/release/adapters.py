@@ -42,7 +42,7 @@ class AdapterSlots:
             raise SlotsFullError(f"all {self.max_loras} adapter slots serve releases, previous releases or "
                                  "canaries; raise engine.max_loras")
         name = adapter_name(content_id)
-        await self.weights.load_lora(name, path())
+        await self.weights.load_lora(name, path)
         self.loaded[content_id] = name
         return name
 
