@@ -67,6 +67,25 @@ class LearnerConfig(_Strict):
     min_records: int = Field(default=1, ge=1, description="eligible new records needed to start a round")
 
 
+class LimitsConfig(_Strict):
+    """What one client can make the gateway hold or create."""
+
+    max_body_bytes: int = Field(default=8 << 20, ge=1024, description="larger request bodies get 413")
+    max_header_bytes: int = Field(default=32 << 10, ge=1024, description="larger request headers get 431")
+    allow_new_scenarios: bool = Field(
+        default=True, description="false: only scenarios declared or already holding data or releases are served"
+    )
+    max_scenarios: int = Field(default=1000, ge=1, description="scenarios served at most; a new one past it: 403")
+
+
+class ApiKey(_Strict):
+    """A data-plane key (`Authorization: Bearer <key>` on /v1/* and /reef/report, /reef/records)."""
+
+    key: str = Field(min_length=8)
+    name: str | None = Field(default=None, description="who holds it, for the log")
+    scenarios: list[str] | None = Field(default=None, description="allowed scenarios; unset: all")
+
+
 # Kept under its old name: a scenario's serve.yaml block is the public `reef.Scenario` type.
 ScenarioConfig = Scenario
 
@@ -96,10 +115,14 @@ class ServeConfig(_Strict):
     served_model_name: str | None = Field(default=None, description="name clients use; default: model")
     seed: int = 0
     admin_token: str | None = None
+    api_keys: list[ApiKey] = Field(
+        default_factory=list, description="data-plane keys; none: /v1/* and /reef/report are open (bind loopback)"
+    )
     report_wait_s: float = Field(
         default=30.0, ge=0, description="how long a report waits for a streaming record to be durable"
     )
     request_timeout_s: float = 600.0
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
@@ -126,7 +149,7 @@ class ServeConfig(_Strict):
         return self.served_model_name or (self.model or "reef-tiny")
 
 
-_SECRETS = {"admin_token", "upstream.api_key"}
+_SECRETS = {"admin_token", "upstream.api_key", "api_keys"}
 _WHOLE = {"scenarios", "recipes"}
 
 
@@ -224,7 +247,7 @@ def describe(config: ServeConfig, sources: Mapping[str, str]) -> str:
     """The resolved config as YAML lines, each with the layer it came from."""
     lines = []
     for key, value in _flatten(config.model_dump(mode="json")).items():
-        if key in _SECRETS and value is not None:
+        if key in _SECRETS and value not in (None, []):
             value = "***"
         lines.append(f"{key}: {json.dumps(value)}  # {sources[key]}")
     return "\n".join(lines)

@@ -5,14 +5,22 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from reef.gateway import chat, models, records, releases, reports, status
+from reef.gateway.admission import ScenarioAdmission
+from reef.gateway.contract import install_openapi
 from reef.gateway.errors import install_error_handlers
+from reef.gateway.limits import SizeLimits
 from reef.gateway.state import GatewayState
 
 
 def create_app(state: GatewayState) -> FastAPI:
     app = FastAPI(title="Reef gateway", docs_url="/reef/docs", openapi_url="/reef/openapi.json")
     app.state.reef = state
+    if state.admission is None:
+        state.admission = ScenarioAdmission.seeded(state.config, state.store.stats())
+    limits = state.config.limits
+    app.add_middleware(SizeLimits, max_body_bytes=limits.max_body_bytes, max_header_bytes=limits.max_header_bytes)
     install_error_handlers(app)
+    install_openapi(app, api_keys=bool(state.config.api_keys))
     for module in (chat, models, reports, records, releases, status):
         app.include_router(module.router)
     return app

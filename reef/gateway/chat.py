@@ -15,7 +15,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from reef.experience.schema import Record, sha256_json, utcnow
+from reef.gateway import auth
 from reef.gateway import headers as h
+from reef.gateway.contract import (
+    DATA_PLANE,
+    RECORD_HEADERS,
+    SCENARIO_HEADER,
+    ChatCompletionRequest,
+    body,
+    errors,
+    parse_chat,
+)
 from reef.gateway.errors import ReefError
 from reef.gateway.recorder import (
     ClientWants,
@@ -31,7 +41,6 @@ from reef.release.schema import ADAPTER_PREFIX
 
 router = APIRouter()
 _DELIVERY = ("stream", "stream_options")
-_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 # Partial records of aborted streams are written by tasks nobody awaits; keep them referenced.
 _background: set[asyncio.Task[None]] = set()
 
@@ -43,14 +52,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
         raise ReefError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ReefError(400, "request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ReefError(400, "messages must be a non-empty list", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise ReefError(400, f"messages[{i}] needs a role among {sorted(_ROLES)}", param=f"messages.{i}.role")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise ReefError(400, "stream must be a boolean", param="stream")
+    parse_chat(body)  # validated, but the client's own dict goes upstream: unknown fields pass through
     return body
 
 
@@ -120,13 +122,32 @@ async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: 
     return record
 
 
-@router.post("/v1/chat/completions")
+_RECEIPT = {"x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}}}
+_LINKS = {  # the stateful fuzzing phase follows these from a chat call to its record and reports
+    "GetRecord": {"operationId": "get_record", "parameters": {"record_id": "$response.header.x-reef-agent-record-id"}},
+    "Report": {"operationId": "report", "requestBody": {"agent_record_id": "$response.header.x-reef-agent-record-id",
+                                                        "score": 1.0}},
+}
+
+
+@router.post(
+    "/v1/chat/completions", operation_id="chat_completions", response_class=Response,
+    responses={200: {"description": "the completion (JSON), or its SSE stream ending with the receipt event",
+                     "headers": _RECEIPT, "links": _LINKS,
+                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                                 "text/event-stream": {"schema": {"type": "string"}}}},
+               **errors(400, 401, 403, 404, 409, 502, 503)},
+    openapi_extra={**body(ChatCompletionRequest), "parameters": [SCENARIO_HEADER, *RECORD_HEADERS], **DATA_PLANE},
+)
 async def chat_completions(request: Request) -> Response:
     st = get_state(request)
     started = time.perf_counter()
     created_at = utcnow()
-    body = _parse(await request.body())
     scenario = h.scenario_of(request)
+    auth.data_key(st.config, request, scenario)
+    body = _parse(await request.body())
+    assert st.admission is not None
+    st.admission.admit(scenario)
     # How the answer is delivered is not part of the request's identity: a retry of a broken stream
     # may come back as a plain request, and gets the stored answer either way.
     body_hash = sha256_json([scenario, {k: v for k, v in body.items() if k not in _DELIVERY}])
@@ -188,7 +209,9 @@ async def chat_completions(request: Request) -> Response:
         except UpstreamError as exc:
             st.inflight.finish(record_id, False)
             st.metrics.requests.labels(scenario, str(exc.status)).inc()
-            return Response(exc.body, status_code=exc.status, media_type="application/json")
+            # Passed through as the engine wrote it; the header says who refused the request.
+            return Response(exc.body, status_code=exc.status, media_type="application/json",
+                            headers={h.ERROR_SOURCE: "upstream"})
         except BaseException:
             st.inflight.finish(record_id, False)
             raise

@@ -15,6 +15,7 @@ SCENARIO = "x-reef-scenario"
 SESSION = "x-reef-session"
 TAG_PREFIX = "x-reef-tag-"
 REPLAYED = "x-reef-replayed"
+ERROR_SOURCE = "x-reef-error-source"
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 

@@ -6,20 +6,34 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from reef.config import ApiKey
+from reef.gateway import auth
 from reef.gateway import headers as h
+from reef.gateway.contract import DATA_PLANE, errors
 from reef.gateway.errors import ReefError
 from reef.gateway.state import get_state
 
 router = APIRouter()
 
 
-@router.get("/reef/records/{record_id}")
+@router.get("/reef/records/{record_id}", operation_id="get_record", responses=errors(400, 401, 403, 404),
+            openapi_extra=DATA_PLANE)
 async def get_record(record_id: str, request: Request) -> dict[str, Any]:
     st = get_state(request)
+    key = auth.data_key(st.config, request, None)
     h.valid_id(record_id, "record_id")
     if st.inflight.get(record_id) is not None:
         await st.inflight.wait(record_id, st.config.report_wait_s)
     record = st.store.get_record(record_id)
-    if record is None:
+    if record is None or not _visible(key, record.scenario):
         raise ReefError(404, f"no record {record_id}", param="record_id", code="record_not_found")
     return record.model_dump(mode="json", by_alias=True)
+
+
+def _visible(key: ApiKey | None, scenario: str) -> bool:
+    """A key limited to some scenarios sees other scenarios' records as missing."""
+    try:
+        auth.allowed(key, scenario)
+    except ReefError:
+        return False
+    return True

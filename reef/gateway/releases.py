@@ -7,13 +7,14 @@ gets 409 and nothing changes. The contract is docs/release-api.md.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from reef.gateway import auth
+from reef.gateway.contract import ADMIN, errors
 from reef.gateway.errors import ReefError
 from reef.gateway.state import GatewayState, get_state
 from reef.release.artifacts import ArtifactError
@@ -24,6 +25,7 @@ from reef.release.schema import SCENARIO_RE, Release
 from reef.release.swap import EngineConflictError, SwapFailedError
 
 router = APIRouter()
+_ADMIN_SWAP_ERRORS = errors(401, 403, 404, 409, 422, 502, 503)
 
 
 class ReleaseIn(BaseModel):
@@ -54,14 +56,7 @@ class CanaryIn(BaseModel):
 
 def _admin(request: Request) -> GatewayState:
     st = get_state(request)
-    token = st.config.admin_token
-    if not token:
-        raise ReefError(403, "admin operations are disabled: set admin_token in serve.yaml or REEF_ADMIN_TOKEN",
-                        code="admin_disabled")
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        raise ReefError(401, "this operation needs the admin token: Authorization: Bearer <token>",
-                        code="invalid_admin_token")
+    auth.admin(st.config, request)
     return st
 
 
@@ -97,7 +92,7 @@ def _as_http(exc: Exception) -> ReefError:
     raise exc
 
 
-@router.get("/reef/scenarios/{scenario}/releases")
+@router.get("/reef/scenarios/{scenario}/releases", responses=errors(404, 503))
 async def list_releases(scenario: str, request: Request) -> dict[str, Any]:
     st = get_state(request)
     publisher = _publisher(st)
@@ -106,14 +101,14 @@ async def list_releases(scenario: str, request: Request) -> dict[str, Any]:
             "releases": [r.model_dump(mode="json") for r in releases], "serving": publisher.serving(scenario)}
 
 
-@router.post("/reef/scenarios/{scenario}/releases", status_code=201)
+@router.post("/reef/scenarios/{scenario}/releases", status_code=201, responses=_ADMIN_SWAP_ERRORS, openapi_extra=ADMIN)
 async def release(scenario: str, body: ReleaseIn, request: Request) -> dict[str, Any]:
     publisher = _publisher(_admin(request))
     return await _swap(publisher, scenario, publisher.release(_scenario(scenario), body.candidate, body.expected_parent,
                                                               approved_by=body.approved_by or "admin"))
 
 
-@router.post("/reef/scenarios/{scenario}/rollback", status_code=201)
+@router.post("/reef/scenarios/{scenario}/rollback", status_code=201, responses=_ADMIN_SWAP_ERRORS, openapi_extra=ADMIN)
 async def rollback(scenario: str, body: RollbackIn, request: Request) -> dict[str, Any]:
     publisher = _publisher(_admin(request))
     return await _swap(publisher, scenario, publisher.rollback(_scenario(scenario), body.release_id,
@@ -130,7 +125,7 @@ async def _swap(publisher: Publisher, scenario: str, operation: Awaitable[tuple[
     return {"release": made.model_dump(mode="json"), "serving": publisher.serving(scenario), "swap": swap}
 
 
-@router.get("/reef/candidates")
+@router.get("/reef/candidates", responses=errors(404, 422))
 async def list_candidates(request: Request, scenario: str | None = None) -> dict[str, Any]:
     st = get_state(request)
     scenarios = [_scenario(scenario)] if scenario else CandidateRegistry.scenarios(st.config.data_dir)
@@ -139,7 +134,7 @@ async def list_candidates(request: Request, scenario: str | None = None) -> dict
     return {"candidates": [v.model_dump(mode="json") for v in views]}
 
 
-@router.get("/reef/candidates/{candidate_id}")
+@router.get("/reef/candidates/{candidate_id}", responses=errors(404))
 async def get_candidate(candidate_id: str, request: Request) -> dict[str, Any]:
     try:
         return find_candidate(get_state(request).config.data_dir, candidate_id).model_dump(mode="json")
@@ -147,7 +142,7 @@ async def get_candidate(candidate_id: str, request: Request) -> dict[str, Any]:
         raise ReefError(404, str(exc), code="not_found") from exc
 
 
-@router.post("/reef/candidates/{candidate_id}/reject")
+@router.post("/reef/candidates/{candidate_id}/reject", responses=errors(401, 403, 404, 409, 422), openapi_extra=ADMIN)
 async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
     data_dir = _admin(request).config.data_dir
     try:
@@ -158,7 +153,7 @@ async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) 
     return rejected.model_dump(mode="json")
 
 
-@router.post("/reef/scenarios/{scenario}/canary", status_code=201)
+@router.post("/reef/scenarios/{scenario}/canary", status_code=201, responses=_ADMIN_SWAP_ERRORS, openapi_extra=ADMIN)
 async def start_canary(scenario: str, body: CanaryIn, request: Request) -> dict[str, Any]:
     st = _admin(request)
     try:
@@ -168,7 +163,7 @@ async def start_canary(scenario: str, body: CanaryIn, request: Request) -> dict[
     return canary.public()
 
 
-@router.delete("/reef/scenarios/{scenario}/canary")
+@router.delete("/reef/scenarios/{scenario}/canary", responses=errors(401, 403, 404, 503), openapi_extra=ADMIN)
 async def stop_canary(scenario: str, request: Request) -> dict[str, Any]:
     st = _admin(request)
     canary = await _publisher(st).canary.stop(_scenario(scenario))
@@ -177,7 +172,7 @@ async def stop_canary(scenario: str, request: Request) -> dict[str, Any]:
     return canary.public()
 
 
-@router.get("/reef/scenarios/{scenario}/canary")
+@router.get("/reef/scenarios/{scenario}/canary", responses=errors(404))
 async def get_canary(scenario: str, request: Request) -> dict[str, Any]:
     found = get_state(request).canaries.describe(_scenario(scenario))
     if found is None:

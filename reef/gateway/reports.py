@@ -12,11 +12,14 @@ import math
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from reef.config import ApiKey
 from reef.experience.schema import Report, sha256_json, utcnow
+from reef.gateway import auth
 from reef.gateway import headers as h
+from reef.gateway.contract import DATA_PLANE, SCENARIO_HEADER, errors
 from reef.gateway.errors import ReefError
 from reef.gateway.state import get_state
 
@@ -58,7 +61,13 @@ class ReportReceipt(BaseModel):
     duplicate: bool
 
 
-@router.post("/reef/report")
+def _key(request: Request) -> ApiKey | None:
+    # A dependency, so a missing key is refused (401) before the body is judged (422).
+    return auth.data_key(get_state(request).config, request, h.scenario_of(request))
+
+
+@router.post("/reef/report", operation_id="report", dependencies=[Depends(_key)],
+             responses=errors(401, 403, 404, 409, 422), openapi_extra={"parameters": [SCENARIO_HEADER], **DATA_PLANE})
 async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st = get_state(request)
     scenario = h.scenario_of(request)

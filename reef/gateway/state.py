@@ -20,6 +20,7 @@ from reef.release.routing import Routes
 if TYPE_CHECKING:
     from reef.engine.supervisor import EngineSupervisor
     from reef.experience.store import ExperienceStore
+    from reef.gateway.admission import ScenarioAdmission
     from reef.learn.learner import Learner
     from reef.release.publisher import Publisher
 
@@ -33,6 +34,7 @@ class GatewayState:
     engine: EngineSupervisor | None = None
     learner: Learner | None = None
     publisher: Publisher | None = None
+    admission: ScenarioAdmission | None = None  # set by create_app
     hold: EngineHold = field(default_factory=EngineHold)
     canaries: Canaries = field(default_factory=Canaries)
     sessions: SessionIndex = field(default_factory=SessionIndex)

@@ -9,12 +9,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from reef.gateway.contract import errors
 from reef.gateway.state import get_state
 
 router = APIRouter()
+_HEALTH = {"type": "object", "properties": {"status": {"type": "string"}}, "required": ["status"]}
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses={503: {"description": "the model server is down",
+                                         "content": {"application/json": {"schema": _HEALTH}}}, **errors()})
 async def healthz(request: Request) -> JSONResponse:
     st = get_state(request)
     engine_ok = await st.upstream.healthy()
@@ -22,7 +25,7 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok" if engine_ok else "engine_unhealthy"}, status_code=status)
 
 
-@router.get("/reef/status")
+@router.get("/reef/status", responses=errors())
 async def status(request: Request) -> dict[str, Any]:
     st = get_state(request)
     stats = st.store.stats()
@@ -55,7 +58,8 @@ async def status(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={
+    200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}, **errors()})
 async def metrics(request: Request) -> Response:
     st = get_state(request)
     for name, s in st.store.stats().items():

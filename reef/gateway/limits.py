@@ -1,0 +1,59 @@
+"""Size limits checked before any route runs: request headers (431) and bodies (413).
+
+A pure ASGI middleware, so a too-large body is refused while it arrives (by its Content-Length, or
+as soon as a chunked body passes the limit) instead of after it has been read into memory.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reef.gateway.errors import ReefError, error_response
+
+
+class SizeLimits:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int):
+        self.app, self.max_body, self.max_headers = app, max_body_bytes, max_header_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header_bytes = 0
+        declared: int | None = None
+        for name, value in scope["headers"]:
+            header_bytes += len(name) + len(value) + 4  # ": " and CRLF, as on the wire
+            if name == b"content-length":
+                declared = int(value) if value.isdigit() else None
+        if header_bytes > self.max_headers:
+            await error_response(431, f"request headers are {header_bytes} bytes, over limits.max_header_bytes "
+                                 f"({self.max_headers})", code="headers_too_large")(scope, receive, send)
+            return
+        if declared is not None and declared > self.max_body:
+            await self._refuse(scope, receive, send, declared)
+            return
+
+        if declared is not None:  # the server reads no more than a declared length
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    # Raised inside the app: its error handler answers, as for any client mistake.
+                    raise self._too_large(received)
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _too_large(self, size: int) -> ReefError:
+        return ReefError(413, f"request body is over limits.max_body_bytes ({self.max_body} bytes; got {size})",
+                         code="body_too_large")
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        err = self._too_large(size)
+        await error_response(err.status, err.message, code=err.code)(scope, receive, send)
