@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import models_json_schema
+from pydantic_core import PydanticCustomError
 
 from reef.gateway.errors import from_validation
 from reef.release.schema import SCENARIO_RE
@@ -152,23 +153,49 @@ class NamedToolChoice(_Open):
     function: NamedFunction
 
 
+_INT32 = 2**31 - 1
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 2.0 is the integer 2 (JSON Schema agrees); 2.5, "2" and true are not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JSONInt = Annotated[int, BeforeValidator(_integral)]
+# A tool_choice other than null needs tools (OpenAI and vLLM both refuse it otherwise).
+_CHOICE_NEEDS_TOOLS = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array"}}},
+}
+
+
 class ChatCompletionRequest(_Open):
     """`POST /v1/chat/completions`, as OpenAI defines it; fields not listed pass through to the model server."""
+
+    model_config = ConfigDict(json_schema_extra=_CHOICE_NEEDS_TOOLS)
 
     model: str | None = Field(default=None, min_length=1, description="default: the served model")
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int | None = Field(default=None, ge=1, le=128)
+    n: JSONInt | None = Field(default=None, ge=1, le=128)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: JSONInt | None = Field(default=None, ge=0, le=20)
     return_token_ids: bool | None = Field(default=None, description="vLLM: the prompt's and each choice's token ids")
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    # Bounded so the stored int64 column (and any JSON parser) holds them exactly.
+    max_tokens: JSONInt | None = Field(default=None, ge=1, le=_INT32)
+    max_completion_tokens: JSONInt | None = Field(default=None, ge=1, le=_INT32)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+
+    @model_validator(mode="after")
+    def _tools_for_choice(self) -> ChatCompletionRequest:
+        if self.tool_choice is not None and self.tools is None:
+            raise PydanticCustomError("tools_missing", "tool_choice needs tools")
+        return self
 
 
 def parse_chat(body: Any) -> ChatCompletionRequest:

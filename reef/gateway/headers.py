@@ -26,13 +26,14 @@ def new_id(prefix: str) -> str:
 
 def scenario_of(request: Request) -> str:
     scenario = request.headers.get(SCENARIO, "default")
-    if not SCENARIO_RE.match(scenario):
+    # fullmatch: `$` alone would let a trailing newline through.
+    if not SCENARIO_RE.fullmatch(scenario):
         raise ReefError(400, f"{SCENARIO} must match {SCENARIO_RE.pattern}", param=SCENARIO)
     return scenario
 
 
 def valid_id(value: str, param: str) -> str:
-    if not ID_RE.match(value):
+    if not ID_RE.fullmatch(value):
         raise ReefError(400, f"{param} must match {ID_RE.pattern}", param=param)
     return value
 

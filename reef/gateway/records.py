@@ -4,24 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 
 from reef.config import ApiKey
 from reef.gateway import auth
-from reef.gateway import headers as h
-from reef.gateway.contract import DATA_PLANE, errors
+from reef.gateway.contract import DATA_PLANE, ID_PATTERN, errors
 from reef.gateway.errors import ReefError
 from reef.gateway.state import get_state
 
 router = APIRouter()
 
 
-@router.get("/reef/records/{record_id}", operation_id="get_record", responses=errors(400, 401, 403, 404),
+@router.get("/reef/records/{record_id}", operation_id="get_record", responses=errors(401, 403, 404, 422),
             openapi_extra=DATA_PLANE)
-async def get_record(record_id: str, request: Request) -> dict[str, Any]:
+async def get_record(request: Request, record_id: str = Path(pattern=ID_PATTERN)) -> dict[str, Any]:
+    # The pattern is checked by FastAPI (422) and documented; never a path outside the store.
+    return await _get(request, record_id)
+
+
+async def _get(request: Request, record_id: str) -> dict[str, Any]:
     st = get_state(request)
     key = auth.data_key(st.config, request, None)
-    h.valid_id(record_id, "record_id")
     if st.inflight.get(record_id) is not None:
         await st.inflight.wait(record_id, st.config.report_wait_s)
     record = st.store.get_record(record_id)

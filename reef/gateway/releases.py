@@ -25,7 +25,7 @@ from reef.release.schema import SCENARIO_RE, Release
 from reef.release.swap import EngineConflictError, SwapFailedError
 
 router = APIRouter()
-_ADMIN_SWAP_ERRORS = errors(401, 403, 404, 409, 422, 502, 503)
+_ADMIN_SWAP_ERRORS = errors(400, 401, 403, 404, 409, 422, 502, 503)
 
 
 class ReleaseIn(BaseModel):
@@ -142,7 +142,8 @@ async def get_candidate(candidate_id: str, request: Request) -> dict[str, Any]:
         raise ReefError(404, str(exc), code="not_found") from exc
 
 
-@router.post("/reef/candidates/{candidate_id}/reject", responses=errors(401, 403, 404, 409, 422), openapi_extra=ADMIN)
+@router.post("/reef/candidates/{candidate_id}/reject", responses=errors(400, 401, 403, 404, 409, 422),
+             openapi_extra=ADMIN)
 async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
     data_dir = _admin(request).config.data_dir
     try:

@@ -9,7 +9,7 @@ gateway acknowledged with 200 is lost: the report is fsynced before the answer.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -26,11 +26,18 @@ from reef.gateway.state import get_state
 router = APIRouter()
 
 
-class ReportIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# What _names_records checks, in the document too: a record id, or a non-empty list of them.
+_NAMES_A_RECORD = {"anyOf": [
+    {"required": ["agent_record_id"], "properties": {"agent_record_id": {"type": "string"}}},
+    {"required": ["references"], "properties": {"references": {"type": "array", "minItems": 1}}},
+]}
 
-    agent_record_id: str | None = None
-    references: list[str] | None = None
+
+class ReportIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_NAMES_A_RECORD)
+
+    agent_record_id: str | None = Field(default=None, min_length=1)
+    references: list[Annotated[str, Field(min_length=1)]] | None = None
     score: float = Field(allow_inf_nan=False)
     feedback: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -67,7 +74,8 @@ def _key(request: Request) -> ApiKey | None:
 
 
 @router.post("/reef/report", operation_id="report", dependencies=[Depends(_key)],
-             responses=errors(401, 403, 404, 409, 422), openapi_extra={"parameters": [SCENARIO_HEADER], **DATA_PLANE})
+             responses=errors(400, 401, 403, 404, 409, 422),
+             openapi_extra={"parameters": [SCENARIO_HEADER], **DATA_PLANE})
 async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st = get_state(request)
     scenario = h.scenario_of(request)

@@ -1,0 +1,113 @@
+"""Bad input never gets a 5xx: schemathesis over the whole OpenAPI document (every check, admin routes
+with the token, the stateful phase), and hypothesis throwing random chat and report bodies and
+headers at a gateway in front of the session's vLLM."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import MODEL_NAME, REPO, TINY, Gateway
+
+TOKEN = "fuzz-admin-token"
+HOOKS = "tests.schemathesis_hooks"
+CONFIG = REPO / "tests" / "fixtures" / "schemathesis.toml"
+
+
+@pytest.fixture(scope="module")
+def fuzz_gateway(vllm_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    work = tmp_path_factory.mktemp("fuzz")
+    # Releases on (the real model path), so admin routes run their real checks, not 503.
+    (work / "serve.yaml").write_text(yaml.safe_dump({"served_model_name": MODEL_NAME, "admin_token": TOKEN}))
+    gw = Gateway(work, vllm_url, ["--model", str(TINY)]).start()
+    yield gw
+    gw.stop()
+
+
+def test_schemathesis_all_checks(fuzz_gateway: Gateway, tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run",
+        f"{fuzz_gateway.url}/reef/openapi.json", "-H", f"Authorization: Bearer {TOKEN}",
+        "--phases", "examples,coverage,fuzzing,stateful", "--max-examples", "12", "--max-time", "40",
+        "--workers", "1", "--generation-database", "none", "--request-timeout", "60",
+    ]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": HOOKS, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-12000:]
+    assert "Stateful" in report and "No tests were run" not in report, report[-4000:]
+    assert httpx.get(f"{fuzz_gateway.url}/healthz").status_code == 200
+
+
+# --- random bodies and headers ---------------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+_ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", "bogus"])
+_CONTENT = _JSON | st.text(max_size=12) | st.lists(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "refusal", "x"])},
+                          optional={"text": _JSON, "image_url": _JSON, "refusal": _JSON}), max_size=2)
+_MESSAGE = st.fixed_dictionaries({"role": _ROLES}, optional={
+    "content": _CONTENT, "tool_call_id": _JSON, "name": _JSON, "tool_calls": _JSON})
+# Near-valid bodies reach the fields Reef reads; max_tokens stays 1 so the engine answers at once.
+_CHAT = st.fixed_dictionaries({"max_tokens": st.just(1)}, optional={
+    "model": st.just(MODEL_NAME) | _JSON,
+    "messages": st.lists(_MESSAGE, max_size=3) | _JSON,
+    "stream": st.booleans() | _JSON,
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": _JSON}) | _JSON,
+    "n": st.integers(-2, 3) | _JSON,
+    "logprobs": _JSON, "top_logprobs": _JSON, "temperature": _JSON, "top_p": _JSON,
+    "tools": _JSON, "tool_choice": _JSON, "return_token_ids": _JSON,
+    "max_completion_tokens": st.just(1) | st.text(max_size=3) | st.booleans() | st.floats(-3, 3),
+})
+_REPORT = st.fixed_dictionaries({}, optional={
+    "agent_record_id": _JSON, "references": _JSON, "score": _JSON, "feedback": _JSON, "metadata": _JSON,
+    "report_id": _JSON, "extra": _JSON,
+})
+_HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=140).map(str.strip)
+_HEADERS = st.fixed_dictionaries({}, optional={
+    "x-reef-scenario": _HEADER_TEXT | st.just("default"), "x-reef-agent-record-id": _HEADER_TEXT,
+    "x-reef-session": _HEADER_TEXT, "x-reef-tag-t": _HEADER_TEXT, "authorization": _HEADER_TEXT,
+    "content-type": st.sampled_from(["application/json", "text/plain", "", "application/x-www-form-urlencoded"]),
+})
+_ROUTES = {"/v1/chat/completions": _CHAT, "/reef/report": _REPORT}
+_REQUESTS = st.sampled_from(sorted(_ROUTES)).flatmap(
+    lambda path: st.tuples(st.just(path), _ROUTES[path] | _JSON | st.binary(max_size=40), _HEADERS))
+
+
+def test_random_bodies_and_headers_never_5xx(gateway: Gateway) -> None:
+    sent: list[int] = []
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+
+        @settings(max_examples=1020, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(_REQUESTS)
+        def probe(request: tuple[str, object, dict[str, str]]) -> None:
+            path, body, headers = request
+            kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+            # httpx.TransportError here is a dropped connection: a failure like any 5xx.
+            resp = http.post(path, headers={"content-type": "application/json", **headers}, **kwargs)
+            sent.append(resp.status_code)
+            assert resp.status_code < 500, (path, body, headers, resp.text)
+            if resp.status_code >= 400:
+                error = resp.json()["error"]
+                assert error["message"] and "Traceback" not in resp.text
+
+        probe()
+    assert len(sent) >= 1000
+    assert httpx.get(f"{gateway.url}/healthz").status_code == 200
+    ok = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
+                    json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
