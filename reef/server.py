@@ -85,6 +85,8 @@ def serve(config: ServeConfig) -> None:
         if config.learner.enabled:
             learner = state.learner = Learner(config.learner, data_dir, config.release)
         seed_sessions(state.sessions, data_dir)
+        if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("serving on %s with no api_keys: anyone who reaches it can call /v1 and report", config.host)
         app = create_app(state)
         server = uvicorn.Server(uvicorn.Config(
             app, host=config.host, port=config.port, log_level="warning", access_log=False,

@@ -73,7 +73,8 @@ def _field_path(loc: tuple[Any, ...]) -> list[str]:
         # discriminated branch by its tag, right after the list index ("messages.0.tool").
         if isinstance(part, str) and (part[:1].isupper() or any(c in part for c in "[]',")
                                       or part in {"str", "int", "float", "bool", "none"}
-                                      or (after_index and part in _TAGS)):
+                                      or (after_index and out[-2:-1] in (["messages"], ["content"])
+                                          and part in _TAGS)):
             after_index = False
             continue
         after_index = isinstance(part, int)

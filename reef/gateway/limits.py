@@ -1,7 +1,7 @@
 """Size limits checked before any route runs: request headers (431) and bodies (413).
 
-A pure ASGI middleware, so a too-large body is refused while it arrives (by its Content-Length, or
-as soon as a chunked body passes the limit) instead of after it has been read into memory.
+A pure ASGI middleware: a body declaring a Content-Length over the limit is refused before it is
+read; a chunked body is read here, and refused as soon as it passes the limit.
 """
 
 from __future__ import annotations
@@ -36,19 +36,26 @@ class SizeLimits:
         if declared is not None:  # the server reads no more than a declared length
             await self.app(scope, receive, send)
             return
+        # A chunked body: read it here, up to the limit, then hand it on whole.
+        chunks: list[bytes] = []
         received = 0
-
-        async def counted() -> Message:
-            nonlocal received
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body:
-                    # Raised inside the app: its error handler answers, as for any client mistake.
-                    raise self._too_large(received)
-            return message
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            received += len(chunks[-1])
+            if received > self.max_body:
+                await self._refuse(scope, receive, send, received)
+                return
+            if not message.get("more_body", False):
+                break
+        replay: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-        await self.app(scope, counted, send)
+        async def replayed() -> Message:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replayed, send)
 
     def _too_large(self, size: int) -> ReefError:
         return ReefError(413, f"request body is over limits.max_body_bytes ({self.max_body} bytes; got {size})",
