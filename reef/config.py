@@ -48,6 +48,9 @@ class UpstreamConfig(_Strict):
 
     url: str | None = None
     api_key: str | None = None
+    token_ids: Literal["auto", "on", "off"] = Field(
+        default="auto", description="ask for vLLM's return_token_ids; auto: if GET /v1/models says vLLM serves"
+    )
 
 
 class StoreConfig(_Strict):

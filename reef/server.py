@@ -118,6 +118,10 @@ def _event_loop_runner():  # noqa: ANN202
 
 async def _run(server: uvicorn.Server, state: GatewayState) -> None:
     try:
+        if state.engine is None:  # a server Reef did not start: does it return token ids?
+            if not await state.upstream.probe_token_ids(state.config.upstream.token_ids):
+                log.warning("%s returns no token ids: records hold text only, and recipes that train on "
+                            "recorded ids skip them", state.upstream.base_url)
         if state.publisher is not None:
             await state.publisher.start()  # each scenario's head serves before the first request
         if state.learner is not None:

@@ -80,7 +80,7 @@ def read_head_seq(data_dir: Path, scenario: str) -> int | None:
 
 def _scan(data_dir: Path, scenario: str, table: str, features: datasets.Features) -> pl.LazyFrame:
     if shards.has_shards(data_dir, scenario, table):
-        return pl.scan_parquet(shards.shard_glob(data_dir, scenario, table))
+        return shards.scan(shards.shard_glob(data_dir, scenario, table), table)
     # scan_parquet refuses a glob matching nothing; an empty frame keeps the shard schema.
     empty = pl.from_arrow(features.arrow_schema.empty_table())
     assert isinstance(empty, pl.DataFrame)

@@ -14,7 +14,7 @@ from typing import Any
 
 import datasets
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # --- pydantic models -------------------------------------------------------------------------
 
@@ -71,6 +71,14 @@ class Record(BaseModel):
     choices: list[Choice]
     finish_reasons: list[str] = Field(default_factory=list, alias="gen_ai.response.finish_reasons")
     prompt_token_ids: list[int] = Field(default_factory=list)
+    # False when the model server cannot return token ids (an OpenAI-compatible provider that is
+    # not vLLM): such records hold text only, and recipes that train on recorded ids skip them.
+    has_token_ids: bool = True
+
+    @field_validator("has_token_ids", mode="before")
+    @classmethod
+    def _before_the_column(cls, value: Any) -> Any:
+        return True if value is None else value  # shards from before it: always vLLM, always ids
     input_tokens: int = Field(default=0, alias="gen_ai.usage.input_tokens")
     output_tokens: int = Field(default=0, alias="gen_ai.usage.output_tokens")
     latency_ms: float = 0.0
@@ -142,6 +150,7 @@ RECORD_FEATURES = datasets.Features(
         "choices": datasets.List(_CHOICE),
         "gen_ai.response.finish_reasons": datasets.List(datasets.Value("string")),
         "prompt_token_ids": datasets.List(datasets.Value("int32")),
+        "has_token_ids": datasets.Value("bool"),
         "gen_ai.usage.input_tokens": datasets.Value("int64"),
         "gen_ai.usage.output_tokens": datasets.Value("int64"),
         "latency_ms": datasets.Value("float64"),

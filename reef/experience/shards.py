@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import orjson
+import polars as pl
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
@@ -85,6 +86,12 @@ def shard_glob(data_dir: Path, scenario: str, table: str) -> str:
 
 def shard_path(data_dir: Path, scenario: str, table: str, seq: int) -> Path:
     return table_dir(data_dir, scenario, table) / f"part-{seq:08d}.parquet"
+
+
+def scan(source: str, table: str) -> pl.LazyFrame:
+    """Shards as one frame in the declared schema: shards written before a column existed read it as null."""
+    schema = pl.from_arrow(TABLES[table][1].arrow_schema.empty_table()).schema  # type: ignore[union-attr]
+    return pl.scan_parquet(source, schema=schema, missing_columns="insert")
 
 
 def has_shards(data_dir: Path, scenario: str, table: str) -> bool:

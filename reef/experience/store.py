@@ -299,7 +299,7 @@ class ExperienceStore:
             source = shards.shard_glob(self.data_dir, scenario, table)
         else:
             return None
-        df = pl.scan_parquet(source).filter(pl.col(_KEYS[table][0]) == key).head(1).collect()
+        df = shards.scan(source, table).filter(pl.col(_KEYS[table][0]) == key).head(1).collect()
         if df.height == 0:
             return None
         model = TABLES[table][0]

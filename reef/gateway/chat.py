@@ -182,10 +182,11 @@ async def chat_completions(request: Request) -> Response:
             record_id=record_id, scenario=scenario, session_id=session_id, release_id=pick.release_id,
             created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
             tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
+            has_token_ids=st.upstream.token_ids,
         )
         if pick.arm is not None:
             st.canaries.assign(record_id, scenario, pick.arm)
-        up_body, wants = upstream_request(body, upstream_model)
+        up_body, wants = upstream_request(body, upstream_model, st.upstream.token_ids)
 
         st.inflight.begin(record_id, scenario, body_hash)
         try:

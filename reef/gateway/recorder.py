@@ -26,11 +26,14 @@ class ClientWants:
     usage: bool
 
 
-def upstream_request(body: dict[str, Any], model: str) -> tuple[dict[str, Any], ClientWants]:
+def upstream_request(body: dict[str, Any], model: str, token_ids: bool = True) -> tuple[dict[str, Any], ClientWants]:
+    """The body sent upstream; `token_ids`: the server takes vLLM's `return_token_ids` (a strict
+    OpenAI-compatible provider refuses unknown fields, so it only gets what the client sent)."""
     up = dict(body)
     up["model"] = model
     up["logprobs"] = True
-    up["return_token_ids"] = True
+    if token_ids:
+        up["return_token_ids"] = True
     usage = True
     if body.get("stream"):
         options = dict(body.get("stream_options") or {})
@@ -182,6 +185,7 @@ class Exchange:
     stream: bool
     latency_ms: float
     ttft_ms: float | None
+    has_token_ids: bool = True
 
 
 def build_record(ex: Exchange, upstream_response: dict[str, Any], client_response: dict[str, Any]) -> Record:
@@ -210,6 +214,7 @@ def build_record(ex: Exchange, upstream_response: dict[str, Any], client_respons
         choices=choices,
         finish_reasons=[c.finish_reason or "" for c in choices],
         prompt_token_ids=upstream_response.get("prompt_token_ids") or [],
+        has_token_ids=ex.has_token_ids,
         input_tokens=int(usage.get("prompt_tokens") or 0),
         output_tokens=int(usage.get("completion_tokens") or 0),
         latency_ms=ex.latency_ms,

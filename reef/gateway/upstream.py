@@ -35,6 +35,8 @@ class Upstream:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=10.0)
         self._session: aiohttp.ClientSession | None = None
+        # Whether the server returns token ids (vLLM's `return_token_ids`); see probe_token_ids.
+        self.token_ids = True
 
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily: an aiohttp session belongs to the event loop that first uses it.
@@ -97,6 +99,20 @@ class Upstream:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _unavailable(exc) from exc
+
+    async def probe_token_ids(self, setting: str) -> bool:
+        """Decide once, at start, whether to ask for token ids: `on`/`off` as configured; `auto` asks
+        `GET /v1/models`, which costs no generation: vLLM's model cards say `owned_by: vllm`."""
+        if setting != "auto":
+            self.token_ids = setting == "on"
+            return self.token_ids
+        try:
+            status, content = await self.get("/v1/models")
+            cards = orjson.loads(content).get("data") or [] if status == 200 else []
+        except (ReefError, orjson.JSONDecodeError, AttributeError):
+            cards = []
+        self.token_ids = any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in cards)
+        return self.token_ids
 
     async def healthy(self) -> bool:
         try:

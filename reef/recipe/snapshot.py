@@ -68,7 +68,9 @@ def select(frame: pl.DataFrame, spec: ExperienceSpec, consumed_ids: set[str]) ->
         frame = kept
 
     drop("consumed", ~pl.col("record_id").is_in(list(consumed_ids)))
-    # Never re-tokenize: a record without served token ids can't be trained on faithfully.
+    # Never re-tokenize: a record without served token ids can't be trained on faithfully. Records
+    # from a model server that returns none (not vLLM) are counted apart: no round will ever get them.
+    drop("upstream_without_token_ids", pl.col("has_token_ids").fill_null(True))
     drop("no_token_ids", (pl.col("prompt_token_ids").list.len() > 0)
          & pl.col("choices").list.eval(pl.element().struct.field("token_ids").list.len() > 0).list.any())
     if spec.needs_reports:
