@@ -31,7 +31,7 @@ from reef.config import ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
-from reef.recipe.demo_traffic import record_demo_traffic  # noqa: E402
+from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
 PROMPTS = [t.messages for t in demo.eval_tasks()[:12]]
@@ -40,7 +40,7 @@ TOLERANCE = 0.02
 
 
 def train_adapter(work: Path) -> Path:
-    record_demo_traffic(TINY, work / "traffic", prompts=32, samples=4, seed=1)
+    record_offline_traffic(TINY, work / "traffic", "demo-add", prompts=32, samples=4, seed=1)
     rft = load_recipe("rft", {"base_model": str(TINY), "kind": "lora", "max_steps": 20, "learning_rate": 5e-3})
     snap = Snapshot.create(demo.SCENARIO, work / "traffic", rft.experience(), root=work / "snapshots",
                            ledger_root=work / "ledger")

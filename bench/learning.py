@@ -46,11 +46,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from reef.demo import task as demo  # noqa: E402
-from reef.demo.simulate import simulate  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
 from reef.recipe.evaluate import evaluate  # noqa: E402
 from reef.recipe.stage import parse_overrides  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
+from reef.traffic.simulate import simulate  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
 SCENARIO = demo.SCENARIO

@@ -51,8 +51,8 @@ sys.path.insert(0, str(REPO))
 from recipes.rft.recipe import RFT  # noqa: E402
 from reef.demo.task import SCENARIO  # noqa: E402
 from reef.recipe import Snapshot  # noqa: E402
-from reef.recipe.demo_traffic import record_demo_traffic  # noqa: E402
 from reef.recipe.tokens import sft_examples  # noqa: E402
+from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
 console = Console(file=sys.stdout, width=120)  # the real stdout: trainer log dicts are redirected
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with console.status(f"recording offline demo traffic ({args.prompts} prompts x 4 samples)..."):
             torch.set_num_threads(1)
-            traffic = record_demo_traffic(TINY, work / "data", prompts=args.prompts, samples=4, seed=0)
+            traffic = record_offline_traffic(TINY, work / "data", "demo-add", prompts=args.prompts, samples=4, seed=0)
         params = {"base_model": str(TINY), "max_steps": args.warmup + args.steps, "per_device_batch_size": args.batch,
                   "learning_rate": 5e-4, "seed": 0}
         probe = TimedRFT(**params)

@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO))
 from reef.client import ReefClient  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
-from reef.recipe.demo_traffic import record_demo_traffic  # noqa: E402
 from reef.release.candidates import register_candidate  # noqa: E402
 from reef.release.gate import GateConfig, evaluate_candidate  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
+from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
 TOKEN = "bench"
@@ -46,7 +46,7 @@ SWAP_MS: list[float] = []
 
 def candidates(work: Path, data: Path) -> dict[str, str]:
     """Train, register and gate: name -> candidate id."""
-    record_demo_traffic(TINY, work / "traffic", prompts=64, samples=4, seed=1)
+    record_offline_traffic(TINY, work / "traffic", "demo-add", prompts=64, samples=4, seed=1)
     specs = {"lora-a": {"kind": "lora", "learning_rate": 5e-3, "seed": 0},
              "lora-b": {"kind": "lora", "learning_rate": 5e-3, "seed": 1},
              "full": {"kind": "full", "learning_rate": 5e-4, "seed": 0}}

@@ -88,8 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     learn.add_argument("--no-dvc", action="store_true", help="run the stages directly, not via dvc repro")
     learn.add_argument("--quiet", action="store_true")
 
-    simulate = sub.add_parser("simulate", help="play the demo task's users through the gateway")
-    simulate.add_argument("--scenario", default="demo-add")
+    simulate = sub.add_parser("simulate", help="play a scenario's users (its tasks and reward) through the gateway")
+    simulate.add_argument("--scenario", required=True, help="a scenario declared by a package or serve.yaml")
+    simulate.add_argument("-c", "--config", type=Path, help="serve.yaml declaring it (default: ./serve.yaml)")
     simulate.add_argument("--requests", type=int, default=200)
     simulate.add_argument("--concurrency", type=int, default=8)
     simulate.add_argument("--url", default=DEFAULT_URL)
@@ -193,9 +194,15 @@ def _learn(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from reef.demo.simulate import simulate
+    from reef.scenario import ScenarioError
+    from reef.traffic.simulate import simulate
 
-    summary = simulate(args.url, scenario=args.scenario, requests=args.requests, concurrency=args.concurrency)
+    config, _ = resolve(config_file=args.config)
+    try:
+        summary = simulate(args.url, args.scenario, requests=args.requests, concurrency=args.concurrency,
+                           config=config)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from exc
     print(summary.render())
     return 0
 

@@ -12,13 +12,13 @@ import openai
 
 from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
-from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.evaluate import load_model, replies
+from reef.traffic.offline import record_offline_traffic
 
 
 def train_candidates(tiny: Path, work: Path, specs: dict[str, dict[str, Any]]) -> dict[str, Candidate]:
     """rft candidates from one snapshot of offline demo traffic, e.g. {"lora": {"kind": "lora", ...}}."""
-    record_demo_traffic(tiny, work / "traffic", prompts=64, samples=4, seed=1)
+    record_offline_traffic(tiny, work / "traffic", "demo-add", prompts=64, samples=4, seed=1)
     out = {}
     for name, params in specs.items():
         rft = load_recipe("rft", {"base_model": str(tiny), "per_device_batch_size": 16, "min_score": 1.0, **params})

@@ -25,8 +25,8 @@ from reef.config import EngineConfig, ServeConfig
 from reef.demo import task as demo
 from reef.engine.supervisor import EngineSupervisor
 from reef.recipe import Candidate, Snapshot, load_recipe
-from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.evaluate import load_model
+from reef.traffic.offline import record_offline_traffic
 from tests.conftest import ARTIFACTS, REPO
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -52,7 +52,7 @@ class CandidateEngine(EngineSupervisor):
 def candidates(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Candidate]:
     """A LoRA and a full rft candidate from one snapshot of offline demo traffic (a few steps each)."""
     work = tmp_path_factory.mktemp("candidates")
-    record_demo_traffic(tiny, work / "data", prompts=32, samples=4, seed=3)
+    record_offline_traffic(tiny, work / "data", "demo-add", prompts=32, samples=4, seed=3)
     out: dict[str, Candidate] = {}
     # LoRA (B starts at zero) needs a larger step than full weights to move the outputs measurably.
     for kind, lr in (("lora", 5e-3), ("full", 5e-4)):
@@ -142,7 +142,7 @@ def test_lora_candidate_loads_at_runtime_and_answers(engine: str, candidates: di
 def test_every_recipe_writes_an_adapter_vllm_serves(engine: str, tiny: Path, tmp_path: Path, recipe: str) -> None:
     """Each recipe's LoRA candidate loads at runtime and vLLM serves exactly its weights."""
     data = tmp_path / "data"
-    record_demo_traffic(tiny, data, prompts=16, samples=4, seed=5)
+    record_offline_traffic(tiny, data, "demo-add", prompts=16, samples=4, seed=5)
     params: dict[str, Any] = {"base_model": str(tiny), "kind": "lora", "lora_r": 8, "max_steps": 3,
                               "learning_rate": 5e-3}
     if recipe == "online_rl":

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reef.recipe.demo_traffic import record_demo_traffic
+from reef.traffic.offline import record_offline_traffic
 from tests.recipe_support import REPO, copy_tiny
 
 ENV = {
@@ -107,7 +107,7 @@ def test_learn_once_takes_only_new_records(repo: Path) -> None:
     a round, then nothing new, then a round over only the records that arrived since."""
     live = repo / "data" / "live"
     tiny = repo / "data" / "models" / "tiny"
-    record_demo_traffic(tiny, live, prompts=16, samples=4, seed=11, release="demo-add@r1")
+    record_offline_traffic(tiny, live, "demo-add", prompts=16, samples=4, seed=11, release="demo-add@r1")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["source"]["data_dir"] = "data/live"
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -121,7 +121,7 @@ def test_learn_once_takes_only_new_records(repo: Path) -> None:
     idle = _learn(repo)
     assert idle["status"] == "nothing_new" and idle["pending"]["consumed"] == len(taken)
 
-    record_demo_traffic(tiny, live, prompts=16, samples=4, seed=12, release="demo-add@r1")
+    record_offline_traffic(tiny, live, "demo-add", prompts=16, samples=4, seed=12, release="demo-add@r1")
     second = _learn(repo)
     assert second["status"] == "trained" and second["pending"]["consumed"] == len(taken)
     again = set(json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())["record_ids"])

@@ -9,9 +9,9 @@ import time
 import httpx
 import yaml
 
-from reef.demo.simulate import simulate
 from reef.demo.task import SCENARIO
 from reef.recipe import ledger
+from reef.traffic.simulate import simulate
 from tests.conftest import MODEL_NAME, TINY, Gateway
 
 MIN_RECORDS = 24  # rewarded chats a round waits for; 320 chats at ~16% success give ~40
@@ -37,7 +37,7 @@ def test_serve_runs_learning_rounds(make_gateway) -> None:
     recorder: Gateway = make_gateway("learner", env={"REEF_SERVED_MODEL_NAME": MODEL_NAME,
                                                      "REEF_STORE__FLUSH_INTERVAL_S": "0.2"})
     recorder.start()
-    summary = simulate(recorder.url, requests=320, concurrency=8, progress=False)
+    summary = simulate(recorder.url, SCENARIO, requests=320, concurrency=8, progress=False)
     recorder.stop()
     assert summary.errors == 0 and sum(summary.scores) >= MIN_RECORDS, "need rewarded traffic to learn from"
 

@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM
 
 from recipes.online_rl.recipe import rl_examples
 from reef.recipe import EmptySnapshotError, ExperienceSpec, Snapshot, load_recipe, resolve
-from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.evaluate import evaluate
 from reef.recipe.ledger import ConsumedError, consumed
 from reef.recipe.spec import CANDIDATE_FILE, Candidate
+from reef.traffic.offline import record_offline_traffic
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 SCENARIO = "demo-add"
@@ -28,8 +28,8 @@ SCENARIO = "demo-add"
 def store(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two releases of demo traffic (24 prompts x 4 samples each); HEAD is r2, so r0 is 2 behind."""
     data = tmp_path_factory.mktemp("exp") / "data"
-    record_demo_traffic(tiny, data, prompts=24, samples=4, seed=1, release=f"{SCENARIO}@r0")
-    record_demo_traffic(tiny, data, prompts=24, samples=4, seed=2, release=f"{SCENARIO}@r2")
+    record_offline_traffic(tiny, data, "demo-add", prompts=24, samples=4, seed=1, release=f"{SCENARIO}@r0")
+    record_offline_traffic(tiny, data, "demo-add", prompts=24, samples=4, seed=2, release=f"{SCENARIO}@r2")
     (data / "releases" / SCENARIO).mkdir(parents=True)
     (data / "releases" / SCENARIO / "HEAD").write_text(f"{SCENARIO}@r2\n")
     return data
@@ -116,7 +116,7 @@ def test_a_record_is_never_consumed_twice(tiny: Path, store: Path, tmp_path: Pat
     ledger_root = tmp_path / "ledger"
     store = Path(shutil.copytree(store, tmp_path / "data"))  # this test adds traffic
     first = Snapshot.create(SCENARIO, store, rft.experience(), dest=tmp_path / "a", ledger_root=ledger_root)
-    record_demo_traffic(tiny, store, prompts=24, samples=4, seed=3, release=f"{SCENARIO}@r2")
+    record_offline_traffic(tiny, store, "demo-add", prompts=24, samples=4, seed=3, release=f"{SCENARIO}@r2")
     overlapping = Snapshot.create(SCENARIO, store, rft.experience(), dest=tmp_path / "b", ledger_root=ledger_root)
     assert set(first.record_ids) < set(overlapping.record_ids)
     rft.run(first, out_root=tmp_path / "cands", progress=False)

@@ -18,9 +18,9 @@ from recipes.self_play.recipe import SelfPlay
 from recipes.ttt.recipe import TTT, entropic_advantages
 from reef.demo import task as demo
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe, resolve
-from reef.recipe.demo_traffic import record_demo_traffic
 from reef.recipe.spec import CANDIDATE_FILE
 from reef.recipe.stage import Params, learn_once
+from reef.traffic.offline import record_offline_traffic
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 SCENARIO = "demo-add"
@@ -30,7 +30,7 @@ SCENARIO = "demo-add"
 def store(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """24 prompts x 4 samples of demo traffic; each reply's report is a thumbs up (1) or down (0)."""
     data = tmp_path_factory.mktemp("exp") / "data"
-    record_demo_traffic(tiny, data, prompts=24, samples=4, seed=1)
+    record_offline_traffic(tiny, data, "demo-add", prompts=24, samples=4, seed=1)
     return data
 
 

@@ -13,9 +13,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from reef.demo import corpus as demo_corpus
 from reef.demo import task as demo
 from reef.model import tiny
-from reef.model.corpus import build_corpus
+from reef.model.corpus import build_corpus, contributions
+from reef.scenario import eval_suite, get_scenario
 
 QUICK_STEPS = 30  # enough to exercise every stage; the weights are meaningless
 
@@ -41,6 +43,22 @@ def test_corpus_is_deterministic() -> None:
     assert build_corpus(0).sha256() != build_corpus(1).sha256()
 
 
+def test_corpus_contributions_come_from_entry_points_with_their_own_rng() -> None:
+    """The bundled scenarios' text comes through `reef.corpus`; adding a contribution leaves every
+    other contribution's text as it was (each has its own rng stream), and bad stages are refused."""
+    assert contributions()["demo-add"] is demo_corpus.contribution
+    extra_chat = [{"role": "user", "content": "ping"}, {"role": "assistant", "content": "pong"}]
+    before = build_corpus(0)
+    after = build_corpus(0, extra={"zz-extra": lambda rng: {"learn": [extra_chat] * rng.randint(1, 3)}})
+    demo_learn = demo_corpus.contribution(random.Random("0:demo-add"))["learn"]
+    for corpus in (before, after):
+        assert corpus.stages[0].chats[: len(demo_learn)] == demo_learn
+    assert extra_chat in after.stages[0].chats and extra_chat not in before.stages[0].chats
+    assert after.stages[1].chats == before.stages[1].chats  # nothing added to "calibrate"
+    with pytest.raises(ValueError, match="unknown stages"):
+        build_corpus(0, extra={"bad": lambda rng: {"pretrain": []}})
+
+
 def test_saved_files_and_metadata(quick_model: Path) -> None:
     names = {p.name for p in quick_model.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
@@ -49,7 +67,8 @@ def test_saved_files_and_metadata(quick_model: Path) -> None:
     assert meta["seed"] == 1 and meta["steps"] == QUICK_STEPS
     assert meta["weights_sha256"] == tiny.weights_sha256(quick_model)
     assert meta["corpus_sha256"] == build_corpus(1).sha256()
-    assert set(meta["eval"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
+    assert set(meta["eval"]) == {"demo-add"}  # every packaged scenario with an eval suite
+    assert set(meta["eval"]["demo-add"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
 
 
 def test_output_head_is_untied(quick_model: Path) -> None:
@@ -177,7 +196,7 @@ def test_default_model_is_weak_but_learnable(tiny_model: Path, one_thread: None)
     assert meta["corpus_sha256"] == build_corpus(meta["seed"]).sha256(), (
         f"{tiny_model} was built from another corpus: rebuild it (reef model build-tiny / dvc repro)"
     )
-    base = tiny.evaluate_model(tiny_model, seed=0)
+    base = tiny.evaluate_model(tiny_model, seed=0)["demo-add"]
     assert 0.05 <= base["heldout_success_temp1"] <= 0.30, base
     assert base["heldout_success_greedy"] <= 0.30, base
 
@@ -185,5 +204,6 @@ def test_default_model_is_weak_but_learnable(tiny_model: Path, one_thread: None)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     for round_ in range(2):
         _rejection_sampling_round(model, tok, demo.train_tasks(round_), seed=round_)
-    learned = tiny.success_rate(model, tok, demo.eval_tasks(), temperature=1.0, samples=4, seed=99)
+    suite = eval_suite(get_scenario("demo-add"))
+    learned = tiny.success_rate(model, tok, suite, temperature=1.0, samples=4, seed=99)
     assert learned >= 0.8, f"held-out success after 2 rounds of rejection sampling: {learned:.2f}"

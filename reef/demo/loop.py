@@ -21,8 +21,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from reef.demo.simulate import simulate
 from reef.experience.load import load
+from reef.traffic.simulate import simulate
 
 
 @dataclass

@@ -1,24 +1,25 @@
 """Local training text for the embedded tiny model, generated in code (nothing is downloaded).
 
-Three kinds of documents, all drawn from one seeded RNG, so a seed gives byte-identical text:
+Documents are trained on in two stages, "learn" then "calibrate" (see `reef.model.tiny`):
 - simple English sentences (plain text), so the model's vocabulary and output look like language;
 - short assistant chats (greetings, colours, animals, small facts), so any chat gets a sane reply;
-- the demo task (`reef.demo.task`), in two stages.
+- scenario-specific chats from the `reef.corpus` entry-point group, so the base model knows a
+  scenario's format and domain before any learning (Reef's own pyproject registers the bundled ones,
+  which live in `reef.demo`).
 
-Why two stages and a noisy teacher: the base model has to be *weak* on the demo task (<= 30%
-held-out success at temperature 1) yet *learnable* by RL from its own samples. A model that never
-samples a right answer gives RL no reward to reinforce (GRPO from scratch collapses); one trained
-on clean answers leaves nothing to learn.
-- Stage "learn" answers the task correctly, so the model learns the sums. Learning them straight
-  from a noisy teacher took far longer than a couple of CPU minutes: most labels point elsewhere.
-- Stage "calibrate" answers with a noisy teacher: right 15% of the time, off by one (+1) 65%, some
-  other number 20%. The systematic +1 keeps greedy decoding mostly wrong too, while the sums stay
-  represented in the model. Sampling at temperature 1 then hits the right answer ~20% of the time
-  (a little of stage "learn" remains), and RL / rejection sampling only has to move probability the
-  model already has onto the right mode: in a check, rejection-sampling fine-tuning on train prompts
-  took held-out success from 20% to 87% in one round (6 s) and ~100% in four (40 s) on CPU.
-Held-out pairs are in this warm start like every pair, but never in RL traffic: what must
-generalise to them is the shift from +1 to the right sum, not the arithmetic.
+A contribution is `fn(rng: random.Random) -> {"learn": [chat, ...], "calibrate": [chat, ...]}`:
+
+    [project.entry-points."reef.corpus"]
+    demo-add = "reef.demo.corpus:contribution"
+
+Each gets its own rng, seeded from (seed, its name), so adding one leaves the others' text as it was.
+
+Why two stages: a bundled scenario's base model should be *weak* (<= 30% held-out success at
+temperature 1) yet *learnable* by RL from its own samples. A model that never samples a right answer
+gives RL no reward to reinforce (GRPO from scratch collapses); one trained on clean answers leaves
+nothing to learn. So a contribution teaches the task correctly in "learn" and then, in "calibrate",
+with a systematically wrong teacher (demo-add: mostly "+1"): what RL has to move is probability the
+model already has, onto the right mode (`reef.demo.corpus` has the numbers).
 """
 
 from __future__ import annotations
@@ -26,20 +27,17 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 
-from reef.demo import task as demo
-
-TEACHER_ACCURACY = 0.15
-TEACHER_OFF_BY_ONE = 0.65  # the rest is a uniformly random wrong number
-# Copies of each of the 400 prompts per stage; in "calibrate" they are independent teacher draws,
-# so the model sees each prompt's mix of answers rather than one fixed wrong answer.
-TASK_COPIES_LEARN = 6
-TASK_COPIES_CALIBRATE = 12
+ENTRY_POINT_GROUP = "reef.corpus"
+STAGES = ("learn", "calibrate")
 # (general chats, plain texts) per stage: English runs through both stages so it is not forgotten.
 GENERAL_PER_STAGE = {"learn": (800, 400), "calibrate": (1600, 800)}
 
 Chat = list[dict[str, str]]
+Contribution = Callable[[random.Random], Mapping[str, list[Chat]]]
 
 _ADJ = (
     "big small red blue green old young happy quiet bright dark warm cold tall short kind brave "
@@ -170,31 +168,24 @@ def general_chat(rng: random.Random) -> Chat:
     return chat
 
 
-def teacher_answer(rng: random.Random, answer: int, accuracy: float) -> int:
-    roll = rng.random()
-    if roll < accuracy:
-        return answer
-    if roll < accuracy + TEACHER_OFF_BY_ONE:
-        return answer + 1
-    return rng.choice([v for v in range(19) if v != answer])
+def contributions() -> dict[str, Contribution]:
+    """The installed `reef.corpus` contributions, by entry-point name."""
+    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def task_chats(rng: random.Random, accuracy: float, copies: int) -> list[Chat]:
-    chats = []
-    for _ in range(copies):
-        for task in demo.all_tasks():
-            reply = demo.format_answer(teacher_answer(rng, task.answer, accuracy))
-            chats.append([*task.messages, {"role": "assistant", "content": reply}])
-    return chats
-
-
-def build_corpus(seed: int = 0) -> Corpus:
-    """The two-stage warm start: "learn" (correct teacher), then "calibrate" (noisy teacher)."""
+def build_corpus(seed: int = 0, extra: Mapping[str, Contribution] | None = None) -> Corpus:
+    """The two-stage warm start: every contribution's chats, then general English, per stage.
+    `extra` adds contributions to the installed ones (same name: `extra` wins)."""
+    found = {**contributions(), **(extra or {})}
+    stages = [Stage(name) for name in STAGES]
+    for name in sorted(found):
+        chats = found[name](random.Random(f"{seed}:{name}"))
+        unknown = set(chats) - set(STAGES)
+        if unknown:
+            raise ValueError(f"corpus contribution {name!r} gave unknown stages {sorted(unknown)}; use {STAGES}")
+        for stage in stages:
+            stage.chats += chats.get(stage.name, [])
     rng = random.Random(seed)
-    stages = [
-        Stage("learn", task_chats(rng, 1.0, TASK_COPIES_LEARN)),
-        Stage("calibrate", task_chats(rng, TEACHER_ACCURACY, TASK_COPIES_CALIBRATE)),
-    ]
     for stage in stages:
         chats, texts = GENERAL_PER_STAGE[stage.name]
         stage.chats += [general_chat(rng) for _ in range(chats)]

@@ -3,8 +3,8 @@
 No model can be downloaded where Reef must run out of the box, so the default model is built
 locally: a byte-level BPE tokenizer and a ~1M-parameter Qwen2 trained for a couple of minutes on
 `reef.model.corpus`. It speaks ChatML, stops at `<|im_end|>`, is served by vLLM like any HF model,
-and is deliberately weak on the demo task (see `reef.demo.task`) so the learning loop has
-something to show.
+and is deliberately weak on the bundled scenarios (their `reef.corpus` contributions) so the
+learning loop has something to show. The build measures it on every packaged scenario's eval suite.
 
     python -m reef.model.tiny --out data/models/tiny --seed 0
 """
@@ -40,9 +40,8 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
-from reef.demo import task as demo
-from reef.model import corpus as corpus_mod
-from reef.model.corpus import Chat, Corpus, Stage, build_corpus
+from reef.model.corpus import Chat, Corpus, Stage, build_corpus, contributions
+from reef.scenario import EvalSuite, ScenarioError, eval_suite, packaged_scenarios, training_tasks
 
 DEFAULT_OUT = Path("data/models/tiny")
 METADATA_FILE = "reef-model.json"
@@ -259,18 +258,17 @@ def generate_replies(
 def success_rate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    tasks: Sequence[demo.Task],
+    suite: EvalSuite,
     *,
     temperature: float,
     samples: int = 1,
     seed: int = 0,
 ) -> float:
-    """Mean `demo.score` over `samples` replies per task."""
-    replies = generate_replies(
-        model, tokenizer, [t.messages for t in tasks], temperature=temperature, samples=samples, seed=seed
-    )
-    scores = [demo.score(t, r) for t, rs in zip(tasks, replies, strict=True) for r in rs]
-    return sum(scores) / len(scores)
+    """Mean reward over `samples` replies per task of `suite` (unscorable replies left out)."""
+    replies = generate_replies(model, tokenizer, suite.prompts, temperature=temperature, samples=samples,
+                               max_new_tokens=suite.max_new_tokens, seed=seed)
+    values = [s.value for scores in suite.score(replies) for s in scores if s.value is not None]
+    return sum(values) / len(values) if values else 0.0
 
 
 # --- build -------------------------------------------------------------------------------------
@@ -293,17 +291,28 @@ def check_tokenizer_roundtrip(saved: Path, trained: PreTrainedTokenizerFast, cor
             raise RuntimeError(f"saved tokenizer ({type(loaded).__name__}) encodes differently: {text!r}")
 
 
-def evaluate_model(model_dir: Path, seed: int = 0, samples: int = EVAL_SAMPLES_PER_TASK) -> dict[str, float]:
-    """Demo-task success of a saved model with plain transformers: held-out at temperature 1
-    (`samples` per prompt) and greedy, and train prompts at temperature 1."""
+def evaluate_model(model_dir: Path, seed: int = 0, samples: int = EVAL_SAMPLES_PER_TASK) -> dict[str, dict[str, float]]:
+    """Success of a saved model with plain transformers on every packaged scenario's eval suite:
+    held-out at temperature 1 (`samples` per prompt) and greedy, and the scenario's training
+    prompts (when it declares `tasks:`) at temperature 1, one reply each."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    held_out, train_set = demo.eval_tasks(), demo.train_tasks(seed)
-    return {
-        "heldout_success_temp1": success_rate(model, tokenizer, held_out, temperature=1.0, samples=samples, seed=seed),
-        "heldout_success_greedy": success_rate(model, tokenizer, held_out, temperature=0.0),
-        "train_success_temp1": success_rate(model, tokenizer, train_set, temperature=1.0, samples=1, seed=seed),
-    }
+    out: dict[str, dict[str, float]] = {}
+    for name, scenario in sorted(packaged_scenarios().items()):
+        if scenario.eval is None or scenario.reward is None:
+            continue
+        suite = eval_suite(scenario)
+        got = {
+            "heldout_success_temp1": success_rate(model, tokenizer, suite, temperature=1.0, samples=samples, seed=seed),
+            "heldout_success_greedy": success_rate(model, tokenizer, suite, temperature=0.0),
+        }
+        try:
+            train = EvalSuite(tasks=training_tasks(scenario), reward=suite.reward, max_new_tokens=suite.max_new_tokens)
+            got["train_success_temp1"] = success_rate(model, tokenizer, train, temperature=1.0, seed=seed)
+        except ScenarioError:  # no `tasks:`
+            pass
+        out[name] = got
+    return out
 
 
 def build_tiny(
@@ -359,13 +368,13 @@ def build_tiny(
             "parameters": sum(p.numel() for p in model.parameters()),
             "vocab_size": len(tokenizer),
             "config": MODEL_CONFIG,
-            "teacher": {"accuracy": corpus_mod.TEACHER_ACCURACY, "off_by_one": corpus_mod.TEACHER_OFF_BY_ONE},
+            "corpus_contributions": sorted(contributions()),
             "corpus_sha256": corpus.sha256(),
             "corpus_documents": {s.name: len(d) for s, d in zip(corpus.stages, stages, strict=True)},
             "weights_sha256": weights_sha256(staging),
             "train_seconds": round(train_seconds, 1),
             "build_seconds": round(time.monotonic() - started, 1),
-            "eval": {k: round(v, 4) for k, v in evals.items()},
+            "eval": {name: {k: round(v, 4) for k, v in got.items()} for name, got in evals.items()},
             "eval_samples_per_task": EVAL_SAMPLES_PER_TASK,
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
@@ -389,15 +398,14 @@ def _version(package: str) -> str:
 
 
 def _summary(out_dir: Path, meta: dict[str, Any]) -> str:
-    evals = meta["eval"]
     line = (
         f"built {out_dir}: {meta['parameters'] / 1e6:.2f}M params, loss {meta['final_loss']}, {meta['build_seconds']}s"
     )
-    if evals:
-        line += (
-            f"; held-out success temp1 {evals['heldout_success_temp1']:.1%}, "
-            f"greedy {evals['heldout_success_greedy']:.1%} (train temp1 {evals['train_success_temp1']:.1%})"
-        )
+    for name, got in meta["eval"].items():
+        line += (f"; {name}: held-out success temp1 {got['heldout_success_temp1']:.1%}, "
+                 f"greedy {got['heldout_success_greedy']:.1%}")
+        if "train_success_temp1" in got:
+            line += f" (train temp1 {got['train_success_temp1']:.1%})"
     return line
 
 

@@ -1,0 +1,145 @@
+"""`reef simulate`: plays a scenario's users against a running gateway.
+
+Each simulated user asks one of the scenario's training prompts (`tasks:`) through the real OpenAI
+SDK, scores the reply with the scenario's reward and reports the score on `/reef/report`. Some
+users ask a follow-up turn without a session header, which the gateway must stitch into the first
+turn's session. A reply the reward cannot score is not reported (and counted as `unscored`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+from tqdm.auto import tqdm
+
+from reef.scenario import Scenario, Task, get_scenario, reward_for, training_tasks
+from reef.scenario.reward import RewardFn
+
+if TYPE_CHECKING:
+    from reef.config import ServeConfig
+
+FOLLOW_UP = "Are you sure? Check it and answer again."
+
+
+@dataclass
+class SimulationSummary:
+    scenario: str
+    requests: int = 0
+    reports: int = 0
+    errors: int = 0
+    unscored: int = 0
+    scores: list[float] = field(default_factory=list)
+    sessions: dict[str, list[str]] = field(default_factory=dict)  # first record id -> record ids
+
+    @property
+    def mean_score(self) -> float:
+        return sum(self.scores) / len(self.scores) if self.scores else 0.0
+
+    def histogram(self) -> Counter[float]:
+        return Counter(round(s, 2) for s in self.scores)
+
+    def render(self) -> str:
+        lines = [f"scenario {self.scenario}: {self.requests} chats, {self.reports} reports, "
+                 f"{self.errors} errors, {self.unscored} unscored, mean score {self.mean_score:.3f}"]
+        hist = self.histogram()
+        width = max(hist.values(), default=1)
+        for value in sorted(hist):
+            lines.append(f"  score {value:4.2f} {'#' * max(1, 40 * hist[value] // width)} {hist[value]}")
+        return "\n".join(lines)
+
+
+async def _one_user(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, model: str, task: Task, reward: RewardFn,
+    follow_up: bool, summary: SimulationSummary, temperature: float, max_tokens: int,
+) -> None:
+    messages: list[dict[str, Any]] = list(task["messages"])
+    extra = {"tools": task["tools"]} if task.get("tools") else {}
+    record_ids = []
+    for turn in range(2 if follow_up else 1):
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=messages, max_tokens=max_tokens, temperature=temperature, **extra,  # type: ignore[arg-type]
+        )
+        completion = raw.parse()
+        record_id = raw.headers["x-reef-agent-record-id"]
+        reply = completion.choices[0].message.content or ""
+        # The reward may be blocking (a verifier, a judge over HTTP): off the event loop.
+        score = (await asyncio.to_thread(reward, [task], [reply]))[0]
+        summary.requests += 1
+        record_ids.append(record_id)
+        if score.value is None:
+            summary.unscored += 1
+        else:
+            metadata = {"turn": turn, **({"task_id": task["task_id"]} if "task_id" in task else {})}
+            resp = await http.post("/reef/report", json={"agent_record_id": record_id, "score": score.value,
+                                                         "feedback": score.feedback, "metadata": metadata})
+            resp.raise_for_status()
+            summary.reports += 1
+            summary.scores.append(score.value)
+        messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UP}]
+    summary.sessions[record_ids[0]] = record_ids
+
+
+def _declared(scenario: str | Scenario, config: ServeConfig | None) -> Scenario:
+    return scenario if isinstance(scenario, Scenario) else get_scenario(scenario, config)
+
+
+async def simulate_async(
+    url: str, scenario: str | Scenario, requests: int = 200, concurrency: int = 8, seed: int = 0,
+    follow_up_share: float = 0.2, temperature: float = 1.0, progress: bool = True,
+    config: ServeConfig | None = None, max_tokens: int | None = None,
+) -> SimulationSummary:
+    """`scenario` is a name declared by a package or `config` (serve.yaml), or a `reef.Scenario`.
+    Replies are at most `max_tokens` long (default: the eval suite's `max_new_tokens`, else 64)."""
+    declared = _declared(scenario, config)
+    tasks = list(training_tasks(declared))
+    random.Random(seed).shuffle(tasks)
+    if max_tokens is None:
+        max_tokens = declared.eval.max_new_tokens if declared.eval is not None else 64
+    scenario = declared.name
+    headers = {"x-reef-scenario": scenario}
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", default_headers=headers, max_retries=2)
+    http = httpx.AsyncClient(base_url=url, headers=headers, timeout=60.0)
+    rng = random.Random(seed)
+    summary = SimulationSummary(scenario)
+    limit = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=requests, desc=f"simulating {scenario}", unit="chat", disable=not progress)
+    users = 0
+    while users * (1 + follow_up_share) < requests:
+        users += 1
+    try:
+        model = (await client.models.list()).data[0].id
+        reward = reward_for(declared, url, model)  # a judge without a url of its own asks this gateway
+
+        async def user(i: int) -> None:
+            async with limit:
+                try:
+                    await _one_user(client, http, model, tasks[i % len(tasks)], reward,
+                                    rng.random() < follow_up_share, summary, temperature, max_tokens)
+                except (openai.APIError, httpx.HTTPError):
+                    summary.errors += 1
+                bar.update(summary.requests - bar.n)
+
+        await asyncio.gather(*(user(i) for i in range(users)))
+    finally:
+        bar.close()
+        await client.close()
+        await http.aclose()
+    return summary
+
+
+def simulate(url: str, scenario: str | Scenario, **kwargs: Any) -> SimulationSummary:
+    """Blocking; also from a Jupyter cell, whose event loop already runs (then in a worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(simulate_async(url, scenario, **kwargs))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, simulate_async(url, scenario, **kwargs)).result()
