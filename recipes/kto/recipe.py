@@ -26,6 +26,7 @@ import polars as pl
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
+from reef.recipe.tokens import CutStats, fit_left
 
 if TYPE_CHECKING:
     from trl import KTOTrainer
@@ -42,14 +43,23 @@ class KTOConfig(RecipeConfig):
     precompute_ref_log_probs: bool = False
 
 
-def kto_examples(samples: pl.DataFrame, threshold: float, seed: int) -> datasets.Dataset:
+def kto_examples(samples: pl.DataFrame, threshold: float, seed: int, max_length: int | None = None,
+                 stats: CutStats | None = None) -> datasets.Dataset:
     """One row per sample: served prompt and completion ids, label = score >= threshold; shuffled
-    once, because KTO batches in order and each batch should mix both labels for its KL estimate."""
+    once, because KTO batches in order and each batch should mix both labels for its KL estimate.
+    Longer than `max_length`: the prompt is cut from the left (TRL's collator would cut the
+    completion's end instead), counted in `stats`."""
     rows = samples.filter(pl.col("completion_ids").list.len() > 0).select(
         pl.col("prompt_ids").cast(pl.List(pl.Int64)), pl.col("completion_ids").cast(pl.List(pl.Int64)),
         label=pl.col("score") >= threshold,
-    )
-    return datasets.Dataset.from_dict(rows.to_dict(as_series=False)).shuffle(seed=seed).flatten_indices()
+    ).to_dict(as_series=False)
+    if max_length is not None:
+        stats = stats if stats is not None else CutStats()
+        for i, (prompt, completion) in enumerate(zip(rows["prompt_ids"], rows["completion_ids"], strict=True)):
+            drop, keep, prompt_cut, completion_cut = fit_left(prompt, completion, max_length)
+            stats.add(prompt_cut, completion_cut)
+            rows["prompt_ids"][i], rows["completion_ids"][i] = prompt[drop:], completion[:keep]
+    return datasets.Dataset.from_dict(rows).shuffle(seed=seed).flatten_indices()
 
 
 def _token_kto_trainer() -> type[KTOTrainer]:
@@ -84,13 +94,15 @@ class KTO(Recipe):
 
         c = self.config
         assert isinstance(c, KTOConfig)
-        self._dataset = kto_examples(snapshot.samples(), c.threshold, c.seed)
+        self._cuts = CutStats()
+        self._dataset = kto_examples(snapshot.samples(), c.threshold, c.seed, c.max_length, self._cuts)
         n_good = sum(self._dataset["label"])
         n_bad = len(self._dataset) - n_good
         if not n_good or not n_bad:
             raise ValueError(f"snapshot {snapshot.id}: KTO needs both thumbs up and down, got {n_good} up, "
                              f"{n_bad} down at threshold {c.threshold}")
         self._counts = {"train_samples": len(self._dataset), "desirable": n_good, "undesirable": n_bad,
+                        **self._cuts.as_metrics(),
                         "desirable_weight": c.desirable_weight if c.desirable_weight is not None else n_bad / n_good}
         args = TRLKTOConfig(
             **self.training_args(output_dir), max_length=c.max_length, beta=c.beta,

@@ -31,6 +31,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
+from reef.recipe.tokens import CutStats, fit_left
 
 
 @dataclass
@@ -44,9 +45,11 @@ class OnlineRLConfig(RecipeConfig):
     scale_rewards: bool = True
 
 
-def rl_examples(samples: pl.DataFrame, scale: bool, max_length: int) -> tuple[datasets.Dataset, dict[str, int]]:
+def rl_examples(samples: pl.DataFrame, scale: bool, max_length: int,
+                stats: CutStats | None = None) -> tuple[datasets.Dataset, dict[str, int]]:
     """Per sample: served prompt+completion ids, completion mask, behaviour logprobs (aligned to
-    positions), group-relative advantage and staleness weight. Zero-advantage samples are left out."""
+    positions), group-relative advantage and staleness weight. Zero-advantage samples are left out;
+    long ones are cut from the left (`reef.recipe.tokens.fit_left`, counted in `stats`)."""
     ok = samples.filter(pl.col("logprobs").list.len() == pl.col("completion_ids").list.len())
     adv = pl.col("score") - pl.col("score").mean().over("group")
     std = pl.col("score").std(ddof=0).over("group")
@@ -54,13 +57,16 @@ def rl_examples(samples: pl.DataFrame, scale: bool, max_length: int) -> tuple[da
     useful = ok.filter(pl.col("advantage").abs() > 1e-6)
     rows: dict[str, list[Any]] = {"input_ids": [], "completion_mask": [], "behaviour": [], "advantage": [],
                                   "weight": []}
+    cuts = stats if stats is not None else CutStats()
     for prompt, completion, logprobs, a, w in useful.select(
         "prompt_ids", "completion_ids", "logprobs", "advantage", "weight"
     ).iter_rows():
-        n = len(prompt)
-        rows["input_ids"].append((list(prompt) + list(completion))[:max_length])
-        rows["completion_mask"].append(([0] * n + [1] * len(completion))[:max_length])
-        rows["behaviour"].append(([0.0] * n + list(logprobs))[:max_length])
+        drop, keep, prompt_cut, completion_cut = fit_left(list(prompt), list(completion), max_length)
+        cuts.add(prompt_cut, completion_cut)
+        prompt, completion, logprobs = list(prompt)[drop:], list(completion)[:keep], list(logprobs)[:keep]
+        rows["input_ids"].append(prompt + completion)
+        rows["completion_mask"].append([0] * len(prompt) + [1] * len(completion))
+        rows["behaviour"].append([0.0] * len(prompt) + logprobs)
         rows["advantage"].append(a)
         rows["weight"].append(w)
     counts = {"samples": samples.height, "no_logprobs": samples.height - ok.height,
@@ -127,7 +133,8 @@ class OnlineRL(Recipe):
     ) -> TISTrainer:
         c = self.config
         assert isinstance(c, OnlineRLConfig)
-        dataset, self._counts = rl_examples(snapshot.samples(), c.scale_rewards, c.max_length)
+        self._cuts = CutStats()
+        dataset, self._counts = rl_examples(snapshot.samples(), c.scale_rewards, c.max_length, self._cuts)
         if len(dataset) == 0:
             raise ValueError(f"snapshot {snapshot.id}: no sample has a non-zero advantage ({self._counts})")
         args = TrainingArguments(**self.training_args(output_dir), remove_unused_columns=False)
@@ -137,4 +144,4 @@ class OnlineRL(Recipe):
     def extra_metrics(self, trainer: Any) -> dict[str, Any]:
         logged = [h for h in trainer.state.log_history if "is_ratio" in h]
         last = {k: logged[-1][k] for k in ("is_ratio", "is_truncated")} if logged else {}
-        return {**self._counts, **last}
+        return {**self._counts, **self._cuts.as_metrics(), **last}

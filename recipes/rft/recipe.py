@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
-from reef.recipe.tokens import sft_examples
+from reef.recipe.tokens import CutStats, sft_examples
 
 if TYPE_CHECKING:
     from trl import SFTTrainer
@@ -40,9 +40,10 @@ class RFT(Recipe):
         from trl import SFTConfig, SFTTrainer
 
         c = self.config
-        self._dataset = sft_examples(snapshot.samples(), c.max_length).remove_columns("record_id")
+        self._cuts = CutStats()
+        self._dataset = sft_examples(snapshot.samples(), c.max_length, self._cuts).remove_columns("record_id")
         args = SFTConfig(**self.training_args(output_dir), max_length=c.max_length, packing=False)
         return SFTTrainer(model=model, args=args, train_dataset=self._dataset, processing_class=tokenizer)
 
     def extra_metrics(self, trainer: Any) -> dict[str, int]:
-        return {"train_samples": len(self._dataset)}
+        return {"train_samples": len(self._dataset), **self._cuts.as_metrics()}

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from reef.recipe.tokens import fit_left
 
 
 @dataclass(frozen=True)
@@ -33,18 +36,24 @@ class Rollout:
         return self.action_mask or [1] * len(self.completion_ids)
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Rendered, then tokenized without extra special tokens: the ids vLLM serves a chat with."""
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 @torch.no_grad()
 def sample(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[list[int]], n: int, *,
-           max_new_tokens: int, temperature: float = 1.0, batch_size: int = 64) -> list[list[Rollout]]:
+           max_new_tokens: int, temperature: float = 1.0, batch_size: int = 64,
+           max_length: int | None = None) -> list[list[Rollout]]:
     """`n` completions per prompt (ids up to and including the first eos), with plain `generate`
-    and no top-k/top-p, so temperature 1 samples the policy the loss differentiates."""
+    and no top-k/top-p, so temperature 1 samples the policy the loss differentiates. A prompt
+    longer than `max_length - max_new_tokens` is cut from the left (the rollout keeps the cut one)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if max_length is not None:
+        room = max(1, max_length - max_new_tokens)
+        prompts = [list(p)[-room:] for p in prompts]
     was_training = model.training
     model.eval()
     out: list[list[Rollout]] = []
@@ -75,13 +84,18 @@ def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 
 
 
 def policy_gradient_loss(model: PreTrainedModel, rollouts: Sequence[Rollout], advantages: Sequence[float],
-                         pad_id: int) -> torch.Tensor:
-    """The on-policy loss above over a batch; zero-advantage rollouts are left out (no signal)."""
+                         pad_id: int, max_length: int | None = None) -> torch.Tensor:
+    """The on-policy loss above over a batch; zero-advantage rollouts are left out (no signal).
+    Longer than `max_length`: the prompt is cut from the left (`reef.recipe.tokens.fit_left`)."""
     kept = [(r, a) for r, a in zip(rollouts, advantages, strict=True) if abs(a) > 1e-8 and r.completion_ids]
     if not kept:
         return torch.zeros((), requires_grad=True)
-    seqs = [r.prompt_ids + r.completion_ids for r, _ in kept]
-    masks = [[0] * len(r.prompt_ids) + r.mask for r, _ in kept]
+    seqs, masks = [], []
+    for r, _ in kept:
+        drop, keep = fit_left(r.prompt_ids, r.completion_ids, max_length)[:2] if max_length else (0, None)
+        prompt = r.prompt_ids[drop:]
+        seqs.append(prompt + r.completion_ids[:keep])
+        masks.append([0] * len(prompt) + r.mask[:keep])
     width = max(map(len, seqs))
     ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
     attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])

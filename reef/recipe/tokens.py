@@ -1,8 +1,15 @@
 """Training examples from recorded token ids: the model learns exactly the tokens it served, never
 a re-tokenization of the recorded text (which can split differently and drifts from the served
-logprobs)."""
+logprobs).
+
+Too long for `max_length`: the prompt is cut from the LEFT, so the completion (what is trained)
+and the context right before it stay whole. Only a completion longer than `max_length` by itself
+loses its end; `CutStats` counts both cases for candidate.json.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import datasets
 import polars as pl
@@ -10,21 +17,52 @@ import polars as pl
 IGNORE = -100
 
 
-def sft_examples(samples: pl.DataFrame, max_length: int) -> datasets.Dataset:
+@dataclass
+class CutStats:
+    """How many examples `fit_left` had to shorten, and how."""
+
+    prompts_cut: int = 0  # prompt cut from the left, completion whole
+    completions_cut: int = 0  # the completion alone was too long: its end is lost
+
+    def add(self, prompt_cut: bool, completion_cut: bool) -> None:
+        self.prompts_cut += prompt_cut
+        self.completions_cut += completion_cut
+
+    def as_metrics(self) -> dict[str, int]:
+        return {"truncated_prompts": self.prompts_cut, "truncated_completions": self.completions_cut}
+
+
+def fit_left(prompt: list[int], completion: list[int], max_length: int) -> tuple[int, int, bool, bool]:
+    """How much of a prompt + completion fits in `max_length`: returns (prompt tokens dropped from
+    its start, completion tokens kept from its start, prompt cut?, completion cut?). One prompt
+    token is kept even when the completion fills the window: the first completion token's label
+    sits on the position before it."""
+    if len(prompt) + len(completion) <= max_length:
+        return 0, len(completion), False, False
+    keep_prompt = max(min(len(prompt), 1), max_length - len(completion))
+    keep_completion = min(len(completion), max_length - keep_prompt)
+    return len(prompt) - keep_prompt, keep_completion, True, keep_completion < len(completion)
+
+
+def sft_examples(samples: pl.DataFrame, max_length: int, stats: CutStats | None = None) -> datasets.Dataset:
     """`input_ids` = prompt + completion ids as served, `labels` = the completion only (prompt
-    masked), cut to the first `max_length` tokens; a sample left without any label is dropped."""
+    masked), cut to `max_length` from the left (see `fit_left`; `stats` counts the cuts); a sample
+    left without any label is dropped."""
+    stats = stats if stats is not None else CutStats()
     input_ids: list[list[int]] = []
     labels: list[list[int]] = []
     for prompt, completion in samples.select("prompt_ids", "completion_ids").iter_rows():
-        ids = list(prompt) + list(completion)
-        lab = [IGNORE] * len(prompt) + list(completion)
-        input_ids.append(ids[:max_length])
-        labels.append(lab[:max_length])
-    keep = [i for i, lab in enumerate(labels) if any(t != IGNORE for t in lab)]
+        prompt, completion = list(prompt), list(completion)
+        drop, keep, prompt_cut, completion_cut = fit_left(prompt, completion, max_length)
+        stats.add(prompt_cut, completion_cut)
+        prompt, completion = prompt[drop:], completion[:keep]
+        input_ids.append(prompt + completion)
+        labels.append([IGNORE] * len(prompt) + completion)
+    keep_rows = [i for i, lab in enumerate(labels) if any(t != IGNORE for t in lab)]
     return datasets.Dataset.from_dict(
         {
-            "input_ids": [input_ids[i] for i in keep],
-            "labels": [labels[i] for i in keep],
-            "record_id": [samples["record_id"][i] for i in keep],
+            "input_ids": [input_ids[i] for i in keep_rows],
+            "labels": [labels[i] for i in keep_rows],
+            "record_id": [samples["record_id"][i] for i in keep_rows],
         }
     )
