@@ -4,7 +4,8 @@ A recipe subclass sets `name` and `config_class`, may adjust `experience()`, and
 `build_trainer()`, or overrides `fit()` when its training is not one `Trainer.train()` call (a
 sample -> score -> update loop). A recipe that makes its own experience (test-time training,
 self-play) sets `needs_experience = False`: its spec takes no records (`batch_size` 0) and it runs
-on an empty snapshot, which still pins the scenario and head release for lineage.
+on an empty snapshot, which still pins the scenario and head release for lineage; its problems
+and reward come from the declared scenario (`recipe.scenario()`: tasks, reward, eval suite).
 
 `run(snapshot)` loads the base model (wrapped in LoRA when `kind: lora`), trains with a progress
 bar, saves a candidate vLLM can load (full weights with the base model's tokenizer files, or a
@@ -15,6 +16,7 @@ consumed. The same call runs in a notebook, the CLI and the DVC train stage.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -34,7 +36,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
-from reef.recipe.spec import Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
+from reef.recipe.spec import CANDIDATE_FILE, Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
+from reef.scenario import Scenario, get_scenario
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,19 @@ def weights_sha256(model_dir: Path | str) -> str | None:
     return digest.hexdigest()
 
 
+def check_adapter_base(adapter: Path, base_model: str) -> None:
+    """An adapter trained on other base weights would silently mean something else on these."""
+    if not (adapter / "adapter_config.json").is_file():
+        raise ValueError(f"init_adapter {adapter} holds no adapter_config.json (not a LoRA adapter)")
+    meta = adapter / CANDIDATE_FILE
+    if meta.is_file():
+        lineage = json.loads(meta.read_text()).get("lineage", {})
+        expected, actual = lineage.get("base_model_sha256"), weights_sha256(base_model)
+        if expected and actual and expected != actual:
+            raise ValueError(f"init_adapter {adapter} was trained on base weights {expected[:12]}, "
+                             f"not on {base_model} ({actual[:12]})")
+
+
 class Recipe(ABC):
     name: ClassVar[str]
     config_class: ClassVar[type[RecipeConfig]] = RecipeConfig
@@ -74,16 +90,29 @@ class Recipe(ABC):
     # False: the recipe generates its own samples and takes no recorded traffic.
     needs_experience: ClassVar[bool] = True
 
-    def __init__(self, config: RecipeConfig | None = None, **params: Any) -> None:
+    def __init__(self, config: RecipeConfig | None = None, *, declared: Scenario | None = None, **params: Any) -> None:
         if config is not None and params:
             raise TypeError("pass a config or params, not both")
         self.config = config if config is not None else self.config_class.from_dict(params)
+        if declared is not None and declared.name and declared.name != self.config.scenario:
+            raise ValueError(f"scenario {declared.name!r} given for a recipe configured for {self.config.scenario!r}")
+        self._scenario = declared
         if not isinstance(self.config, self.config_class):
             raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}")
         if self.config.stale_policy not in self.stale_policies:
             raise ValueError(
                 f"{self.name} supports stale_policy {self.stale_policies}, not {self.config.stale_policy!r}"
             )
+
+    def scenario(self) -> Scenario:
+        """The declared scenario this recipe learns for (its tasks, reward, eval suite): `declared=`
+        given to the constructor, else `config.scenario` as installed packages and ./serve.yaml declare it."""
+        if self._scenario is None:
+            from reef.config import resolve
+
+            config, _ = resolve()
+            self._scenario = get_scenario(self.config.scenario, config)
+        return self._scenario
 
     @property
     def ref(self) -> str:
@@ -136,10 +165,19 @@ class Recipe(ABC):
         )
 
     def load_model(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """The base model; with `kind: lora`, wrapped in a fresh adapter, or in `init_adapter` (e.g. the
+        head release's adapter) loaded trainable, so that a round continues where the head left off."""
         c = self.config
         tokenizer = AutoTokenizer.from_pretrained(c.base_model)
         model = AutoModelForCausalLM.from_pretrained(c.base_model, dtype=torch.float32)
-        if c.kind == "lora":
+        if c.init_adapter is not None:
+            from peft import PeftModel
+
+            if c.kind != "lora":
+                raise ValueError(f"init_adapter is for kind: lora; a {c.kind} candidate starts from base_model")
+            check_adapter_base(Path(c.init_adapter), c.base_model)
+            model = PeftModel.from_pretrained(model, c.init_adapter, is_trainable=True)
+        elif c.kind == "lora":
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=c.lora_r, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,

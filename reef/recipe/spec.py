@@ -80,6 +80,9 @@ class RecipeConfig:
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    # A LoRA adapter on the same base (the head release's) to continue training, instead of a fresh
+    # one; its own rank, alpha and target modules then apply, not the lora_* fields above.
+    init_adapter: str | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> RecipeConfig:
