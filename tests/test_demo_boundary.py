@@ -17,13 +17,9 @@ SCANNED = ("reef", "recipes", "dashboard")
 DEMO = REPO / "reef" / "demo"
 _DEMO_REF = re.compile(r"^reef\.demo(\.|:|$)")
 
-# Files still importing the demo while another branch (scenario recipes: ttt and self_play from a
-# scenario's tasks and reward) removes that. Delete each entry when its file is fixed; the test
-# fails on an entry that no longer imports the demo, so this list can only shrink.
-ALLOWED_FOR_NOW = {
-    "recipes/ttt/recipe.py",
-    "recipes/self_play/recipe.py",
-}
+# Files allowed to import the demo while it is being moved out of them; the test fails on an entry
+# that no longer imports the demo, so this list can only shrink (it is empty now).
+ALLOWED_FOR_NOW: set[str] = set()
 
 
 def demo_imports(path: Path) -> list[str]:

@@ -1,26 +1,35 @@
-"""Self-play in the style of Absolute Zero: one model proposes tasks in a verifiable domain (the
-demo's single-digit addition) and solves them; no recorded traffic (`needs_experience = False`).
+"""Self-play in the style of Absolute Zero, for any scenario: the model proposes which problem to
+practise and solves it; the scenario's reward is the verifier. No recorded traffic
+(`needs_experience = False`).
+
+The proposer. Absolute Zero's proposer writes new problems, which needs a model that can write a
+well-formed, verifiable problem from scratch; a 1M-parameter chat model cannot, and a problem it
+invented would have no fields (answer, tests) for the scenario's reward to check. So here the
+proposer CHOOSES: it is shown `choices` tasks drawn from the scenario's `tasks:` (their last user
+turn, numbered) and its reply is forced to "Problem <n>", where it writes only the number. Its
+policy is the softmax of the number tokens' logits at that position (restricted to the shown
+numbers, so every proposal is valid); the rest of the reply is context, never trained. What it
+has to learn is which problems, by their text, are worth practising now: a curriculum over the
+scenario's own tasks that moves as the solver improves. Tasks of the eval suite are never shown
+(they must stay unseen; `eval_tasks_left_out` counts them).
 
 Each round:
-  propose  `proposals_per_round` tasks "What is a + b?": the reply is forced to that template
-           and the model writes the two operand tokens (a 1M-parameter chat model cannot write a
-           well-formed problem from scratch; only its two choices are trained, the template is
-           context). An operand that is not one digit makes the proposal invalid.
-  verify   Python computes a + b; a proposal that is a held-out eval pair is dropped (reward 0,
-           never solved or trained on), so the eval suite stays unseen.
-  solve    `solve_attempts` (k) replies per valid task, with the demo prompt; reward 1 if correct.
-  reward   solver: correctness. Proposer: learnability, 1 - solve rate when 0 < solve rate < 1,
-           else 0 (too easy or too hard teaches nothing); `invalid_reward` for invalid proposals.
-  update   one optimizer step on both roles: GRPO-style group-relative advantages (all proposals
-           of a round form the proposer's group, the k attempts at a task a solver group; roles
-           keep separate baselines, as in Absolute Zero's task-relative REINFORCE++), with the
-           on-policy loss in `reef.recipe.rollout`, summed over roles.
+  propose  `proposals_per_round` menus of `choices` random tasks; the proposer picks one per menu.
+  solve    `solve_attempts` (k) replies per picked task, with the task's own messages.
+  reward   solver: the scenario's reward (a reply it cannot score is left out). Proposer:
+           learnability, 1 - solve rate when 0 < solve rate < 1, else 0 (too easy or too hard
+           teaches nothing; the solve rate is the mean reward of the k attempts).
+  update   one optimizer step on both roles: GRPO-style group-relative advantages (the round's
+           proposals form the proposer's group, the k attempts at a task a solver group; roles
+           keep separate baselines, as in Absolute Zero's task-relative REINFORCE++), on-policy
+           policy-gradient losses summed over roles.
 
 `max_steps` is the number of rounds. candidate.json logs per-round proposer and solver rewards.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +38,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reef.demo import task as demo
 from reef.recipe import Recipe, RecipeConfig, Snapshot
-from reef.recipe.rollout import Rollout, chat_prompt_ids, group_advantages, policy_gradient_loss, sample
+from reef.recipe.practice import describe, practice_tasks
+from reef.recipe.rollout import chat_prompt_ids, group_advantages, policy_gradient_loss, sample
+from reef.scenario import Task, reward_for
 
-PROPOSER_PROMPT = [{"role": "system", "content": "You write addition problems."},
-                   {"role": "user", "content": "Write a new addition problem."}]
+PROPOSER_SYSTEM = "You choose the next problem to practise: one you solve sometimes, but not always."
+PROPOSER_HEAD = "Problem "
 
 
 @dataclass
@@ -42,41 +52,74 @@ class SelfPlayConfig(RecipeConfig):
     learning_rate: float = 3e-4
     max_steps: int = 30  # rounds
     proposals_per_round: int = 8
+    choices: int = 4  # tasks shown per proposal (at most 9: one number token each)
     solve_attempts: int = 4
-    max_new_tokens: int = 8
+    max_new_tokens: int = 16
     temperature: float = 1.0
-    invalid_reward: float = -0.5
     scale_rewards: bool = True
-
-
-@torch.no_grad()
-def propose(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n: int,
-            temperature: float) -> list[tuple[Rollout, int | None, int | None]]:
-    """`n` proposals: (rollout, a, b), a/b None when the model wrote something other than a digit."""
-    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-    prompt, head, plus, tail = chat_prompt_ids(tokenizer, PROPOSER_PROMPT), enc("What is "), enc(" + "), enc("?")
-    was_training = model.training
-    model.eval()
-    seqs = torch.tensor([prompt + head] * n)
-    chosen = []
-    for forced in (plus, []):  # write a, then " + ", write b
-        logits = model(input_ids=seqs).logits[:, -1].float() / temperature
-        token = torch.multinomial(logits.softmax(-1), 1)
-        chosen.append(token.squeeze(-1).tolist())
-        seqs = torch.cat([seqs, token, torch.tensor([forced] * n, dtype=torch.long).view(n, -1)], dim=1)
-    model.train(was_training)
-    out = []
-    for a, b in zip(*chosen, strict=True):
-        ids = head + [a] + plus + [b] + tail + [tokenizer.eos_token_id]
-        mask = [0] * len(head) + [1] + [0] * len(plus) + [1] + [0] * (len(tail) + 1)
-        digits = [tokenizer.decode([t]) for t in (a, b)]
-        va, vb = (int(d) if len(d) == 1 and d.isdigit() else None for d in digits)
-        out.append((Rollout(prompt, ids, tokenizer.decode(ids, skip_special_tokens=True), mask), va, vb))
-    return out
 
 
 def learnability(solve_rate: float) -> float:
     return 1.0 - solve_rate if 0.0 < solve_rate < 1.0 else 0.0
+
+
+class Proposer:
+    """The proposer's prompt and its choice policy (see the module docstring)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, choices: int) -> None:
+        if not 2 <= choices <= 9:
+            raise ValueError(f"self_play: choices must be 2..9 (one number token each), got {choices}")
+        self.tokenizer = tokenizer
+        self.head = tokenizer.encode(PROPOSER_HEAD, add_special_tokens=False)
+        self.labels = []
+        for n in range(1, choices + 1):
+            ids = tokenizer.encode(f"{PROPOSER_HEAD}{n}", add_special_tokens=False)
+            if ids[: len(self.head)] != self.head or len(ids) != len(self.head) + 1:
+                ids = self.head + tokenizer.encode(str(n), add_special_tokens=False)
+            if len(ids) != len(self.head) + 1:
+                raise ValueError(f"self_play: the tokenizer does not write {n} as one token")
+            self.labels.append(ids[-1])
+
+    def prompt_ids(self, menu: list[Task]) -> list[int]:
+        """The chat up to and including the forced "Problem ": the next token is the choice."""
+        listing = "\n".join(f"{n}. {describe(t)}" for n, t in enumerate(menu, 1))
+        messages = [{"role": "system", "content": PROPOSER_SYSTEM},
+                    {"role": "user", "content": f"Problems:\n{listing}\nWhich one do you practise next?"}]
+        return chat_prompt_ids(self.tokenizer, messages) + self.head
+
+    def log_probs(self, model: PreTrainedModel, prompts: list[list[int]], max_length: int) -> torch.Tensor:
+        """log pi(choice | menu) over the shown numbers, one row per prompt (prompts cut from the left)."""
+        prompts = [p[-max_length:] for p in prompts]
+        width = max(map(len, prompts))
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts])
+        attention = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+        logits = model(input_ids=ids, attention_mask=attention).logits
+        last = logits[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
+        return last[:, self.labels].float().log_softmax(-1)
+
+    def choose(self, model: PreTrainedModel, prompts: list[list[int]], temperature: float,
+               max_length: int) -> list[int]:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            logp = self.log_probs(model, prompts, max_length)
+        model.train(was_training)
+        return torch.multinomial((logp / temperature).softmax(-1), 1).squeeze(-1).tolist()
+
+    def loss(self, model: PreTrainedModel, prompts: list[list[int]], chosen: list[int], advantages: list[float],
+             max_length: int) -> torch.Tensor:
+        """-A * log pi(choice), averaged over the proposals that carry a signal."""
+        kept = [i for i, a in enumerate(advantages) if abs(a) > 1e-8]
+        if not kept:
+            return torch.zeros((), requires_grad=True)
+        logp = self.log_probs(model, [prompts[i] for i in kept], max_length)
+        picked = logp[torch.arange(len(kept)), torch.tensor([chosen[i] for i in kept])]
+        return -(torch.tensor([advantages[i] for i in kept]) * picked).mean()
+
+
+def task_name(task: Task, index: int) -> str:
+    return str(task["task_id"]) if task.get("task_id") is not None else f"row-{index}"
 
 
 class SelfPlay(Recipe):
@@ -88,41 +131,59 @@ class SelfPlay(Recipe):
             output_dir: Path) -> tuple[PreTrainedModel, dict[str, Any]]:
         c = self.config
         assert isinstance(c, SelfPlayConfig)
-        held_out = {t.task_id for t in demo.eval_tasks()}
+        scenario = self.scenario()
+        pool, left_out = practice_tasks(scenario)
+        reward = reward_for(scenario)
+        if len(pool) < 2:
+            raise ValueError(f"self_play: scenario {scenario.name!r} has {len(pool)} practice task(s); "
+                             "the proposer needs at least 2 to choose from")
+        proposer = Proposer(tokenizer, min(c.choices, len(pool)))
+        rng = random.Random(c.seed)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=c.learning_rate,
                                       weight_decay=0.0)
         history: list[dict[str, Any]] = []
         start = time.monotonic()
         model.train()
         for step in range(c.max_steps):
-            proposals = propose(model, tokenizer, c.proposals_per_round, c.temperature)
-            tasks = {i: demo.make_task(a, b, 0) for i, (_, a, b) in enumerate(proposals)
-                     if a is not None and b is not None}
-            tasks = {i: t for i, t in tasks.items() if t.task_id not in held_out}
-            attempts = sample(model, tokenizer, [chat_prompt_ids(tokenizer, t.messages) for t in tasks.values()],
-                              c.solve_attempts, max_new_tokens=c.max_new_tokens, temperature=c.temperature)
-            solved = {i: [demo.score(t, r.text) for r in group]
-                      for (i, t), group in zip(tasks.items(), attempts, strict=True)}
-            valid = [a is not None and b is not None for _, a, b in proposals]
-            p_rewards = [learnability(sum(solved[i]) / len(solved[i])) if i in solved
-                         else 0.0 if valid[i] else c.invalid_reward for i in range(len(proposals))]
-            loss = policy_gradient_loss(model, [p for p, _, _ in proposals],
-                                        group_advantages(p_rewards, c.scale_rewards), tokenizer.pad_token_id)
-            s_rollouts = [r for group in attempts for r in group]
-            s_adv = [a for rewards in solved.values() for a in group_advantages(rewards, c.scale_rewards)]
+            menus = [rng.sample(range(len(pool)), len(proposer.labels)) for _ in range(c.proposals_per_round)]
+            p_prompts = [proposer.prompt_ids([pool[i] for i in menu]) for menu in menus]
+            chosen = proposer.choose(model, p_prompts, c.temperature, c.max_length)
+            picked = [menu[k] for menu, k in zip(menus, chosen, strict=True)]
+            attempts = sample(model, tokenizer, [chat_prompt_ids(tokenizer, pool[i]["messages"], pool[i].get("tools"))
+                                                 for i in picked],
+                              c.solve_attempts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                              max_length=c.max_length)
+            flat = reward([pool[i] for i, group in zip(picked, attempts, strict=True) for _ in group],
+                          [r.text for group in attempts for r in group])
+            scores: list[list[float | None]] = []
+            for group in attempts:
+                scores.append([s.value for s in flat[: len(group)]])
+                flat = flat[len(group):]
+            solve_rates = [sum(v for v in g if v is not None) / max(1, sum(v is not None for v in g)) for g in scores]
+            p_rewards = [learnability(rate) if any(v is not None for v in g) else 0.0
+                         for rate, g in zip(solve_rates, scores, strict=True)]
+            loss = proposer.loss(model, p_prompts, chosen, group_advantages(p_rewards, c.scale_rewards), c.max_length)
+            s_rollouts, s_adv = [], []
+            for group, g in zip(attempts, scores, strict=True):
+                scored = [(r, v) for r, v in zip(group, g, strict=True) if v is not None]
+                if len(scored) > 1:
+                    s_rollouts += [r for r, _ in scored]
+                    s_adv += group_advantages([v for _, v in scored], c.scale_rewards)
             if s_rollouts:
-                loss = loss + policy_gradient_loss(model, s_rollouts, s_adv, tokenizer.pad_token_id)
+                loss = loss + policy_gradient_loss(model, s_rollouts, s_adv, tokenizer.pad_token_id,
+                                                   max_length=c.max_length)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            s_all = [s for rewards in solved.values() for s in rewards]
+            s_all = [v for g in scores for v in g if v is not None]
             history.append({
                 "round": step, "proposer_reward": sum(p_rewards) / len(p_rewards),
-                "valid_fraction": sum(valid) / len(valid), "held_out_dropped": sum(valid) - len(tasks),
                 "learnable_fraction": sum(r > 0 for r in p_rewards) / len(p_rewards),
-                "tasks": sorted({t.task_id for t in tasks.values()}),
-                "solver_reward": sum(s_all) / len(s_all) if s_all else None, "loss": loss.item(),
+                "tasks": sorted({task_name(pool[i], i) for i in picked}),
+                "solver_reward": sum(s_all) / len(s_all) if s_all else None,
+                "unscored": sum(v is None for g in scores for v in g),
+                "loss": loss.item(), "grad_norm": float(grad_norm), "learning_rate": c.learning_rate,
             })
 
         def mean(key: str, rows: list[dict[str, Any]]) -> float | None:
@@ -132,7 +193,8 @@ class SelfPlay(Recipe):
         k = max(1, len(history) // 4)  # first vs last quarter of the rounds
         return model, {
             "rounds": len(history), "train_runtime": round(time.monotonic() - start, 3),
-            **{f"{key}_{part}": mean(key, rows) for key in ("proposer_reward", "solver_reward", "valid_fraction")
+            "practice_tasks": len(pool), "eval_tasks_left_out": left_out,
+            **{f"{key}_{part}": mean(key, rows) for key in ("proposer_reward", "solver_reward", "learnable_fraction")
                for part, rows in (("first", history[:k]), ("last", history[-k:]))},
             "proposer_rewards": [h["proposer_reward"] for h in history],
             "solver_rewards": [h["solver_reward"] for h in history], "history": history,

@@ -10,20 +10,21 @@ solution once found keeps being reinforced when a round misses it), and each get
 
 (the gradient of (1/beta) log E[exp(beta R)] with a baseline): beta -> 0 is plain REINFORCE
 with a mean baseline; a large beta gives the best sample(s) nearly all the positive weight.
-beta is fixed here (TTT-Discover adapts it per batch). With a 0/1 scorer only the step size
-depends on beta, and Adam with gradient clipping evens that out; a graded scorer
-(`reef.demo.task:score_shaped`) is where the weighting can show.
+beta is fixed here (TTT-Discover adapts it per batch). With a 0/1 reward only the step size
+depends on beta, and Adam with gradient clipping evens that out; a graded reward is where the
+weighting can show.
 
 No recorded traffic: `needs_experience = False`, so the snapshot is empty (it pins scenario and
-head release for lineage). The problem comes from the config: `task_id`, a held-in demo task
-(eval tasks are refused, they must stay unseen), scored by `scorer` ("module:function" taking
-(task, reply text) -> float). Budget: `max_steps` rounds of one optimizer step each, cut short
-by `time_budget_s`, or by `stop_at_score` once the archive's best reaches it.
+head release for lineage). The problem is one row of the scenario's `tasks:` named by `task_id`
+(the row's `task_id` field, or its index; unset: the first row); a task of the scenario's eval
+suite is refused (it must stay unseen). Replies are scored by the scenario's reward (`reward`:
+another `module:function` instead, e.g. a graded one); a reply it cannot score is left out of the
+update. Budget: `max_steps` rounds of one optimizer step each, cut short by `time_budget_s`, or
+by `stop_at_score` once the archive's best reaches it.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from dataclasses import dataclass
@@ -33,9 +34,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reef.demo import task as demo
 from reef.recipe import Recipe, RecipeConfig, Snapshot
+from reef.recipe.practice import find_task
 from reef.recipe.rollout import Rollout, chat_prompt_ids, policy_gradient_loss, sample
+from reef.scenario import RewardFn, Task, reward_for
+from reef.scenario.reward import function_reward
 
 
 @dataclass
@@ -45,8 +48,8 @@ class TTTConfig(RecipeConfig):
     lora_r: int = 16
     lora_alpha: int = 32
     max_steps: int = 16  # rounds
-    task_id: str = "add-2-4-t0"  # the base model solves it ~6% of the time
-    scorer: str = "reef.demo.task:score"
+    task_id: str | int | None = None  # a row of the scenario's tasks: its task_id field or index; None: row 0
+    reward: str | None = None  # module:function instead of the scenario's reward
     samples_per_round: int = 16
     max_new_tokens: int = 12
     temperature: float = 1.0
@@ -69,22 +72,21 @@ class TTT(Recipe):
     config_class = TTTConfig
     needs_experience = False
 
-    def problem(self) -> tuple[demo.Task, Any]:
+    def problem(self) -> tuple[Task, int, RewardFn]:
+        """The task to practise, its row in the scenario's tasks, and the reward that scores replies."""
         c = self.config
         assert isinstance(c, TTTConfig)
-        held_out = {t.task_id for t in demo.eval_tasks()}
-        task = next((t for t in demo.all_tasks() if t.task_id == c.task_id), None)
-        if task is None or task.task_id in held_out:
-            raise ValueError(f"task_id {c.task_id!r} is not a held-in demo task")
-        module, _, fn = c.scorer.partition(":")
-        return task, getattr(importlib.import_module(module), fn)
+        scenario = self.scenario()
+        task, index = find_task(scenario, c.task_id)
+        return task, index, function_reward(c.reward, scenario.base_dir) if c.reward else reward_for(scenario)
 
     def fit(self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             output_dir: Path) -> tuple[PreTrainedModel, dict[str, Any]]:
         c = self.config
         assert isinstance(c, TTTConfig)
-        task, scorer = self.problem()
-        prompt = chat_prompt_ids(tokenizer, task.messages)
+        task, task_index, reward = self.problem()
+        unscored = 0
+        prompt = chat_prompt_ids(tokenizer, task["messages"])
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=c.learning_rate,
                                       weight_decay=0.0)
         # text -> entry; a solution found again counts as a hit, not a new entry
@@ -96,9 +98,16 @@ class TTT(Recipe):
         for step in range(c.max_steps):
             if c.time_budget_s is not None and time.monotonic() - start > c.time_budget_s:
                 break
-            fresh = sample(model, tokenizer, [prompt], c.samples_per_round, max_new_tokens=c.max_new_tokens,
-                           temperature=c.temperature)[0]
-            scores = [float(scorer(task, r.text)) for r in fresh]
+            drawn = sample(model, tokenizer, [prompt], c.samples_per_round, max_new_tokens=c.max_new_tokens,
+                           temperature=c.temperature, max_length=c.max_length)[0]
+            scored = reward([task] * len(drawn), [r.text for r in drawn])
+            unscored += sum(s.value is None for s in scored)
+            fresh = [r for r, s in zip(drawn, scored, strict=True) if s.value is not None]
+            scores = [s.value for s in scored if s.value is not None]
+            if not fresh:
+                history.append({"round": step, "mean_score": None, "max_score": None, "loss": None,
+                                "best_so_far": max((e["score"] for e in archive.values()), default=None)})
+                continue
             for r, s in zip(fresh, scores, strict=True):
                 entry = archive.setdefault(r.text, {"text": r.text, "score": s, "round": step, "hits": 0})
                 entry["hits"] += 1
@@ -108,7 +117,8 @@ class TTT(Recipe):
             replayed = [rollouts[e["text"]] for e in best[: c.replay]]
             group = fresh + replayed
             rewards = scores + [e["score"] for e in best[: c.replay]]
-            loss = policy_gradient_loss(model, group, entropic_advantages(rewards, c.beta), tokenizer.pad_token_id)
+            loss = policy_gradient_loss(model, group, entropic_advantages(rewards, c.beta), tokenizer.pad_token_id,
+                                        max_length=c.max_length)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -117,11 +127,16 @@ class TTT(Recipe):
                             "best_so_far": best[0]["score"], "loss": loss.item()})
             if c.stop_at_score is not None and best[0]["score"] >= c.stop_at_score:
                 break
+        if not archive:
+            raise ValueError(f"ttt: the reward scored none of the {c.samples_per_round * len(history)} replies")
         ranked = sorted(archive.values(), key=lambda e: (-e["score"], e["round"]))[: c.archive_size]
-        found = [h["round"] for h in history if h["max_score"] >= ranked[0]["score"]]
+        found = [h["round"] for h in history if h["max_score"] is not None and h["max_score"] >= ranked[0]["score"]]
+        scored_rounds = [h for h in history if h["mean_score"] is not None]
         return model, {
-            "task_id": task.task_id, "best_solution": ranked[0]["text"], "best_score": ranked[0]["score"],
+            "task_id": task.get("task_id", task_index), "task_index": task_index,
+            "best_solution": ranked[0]["text"], "best_score": ranked[0]["score"],
             "best_found_round": found[0] if found else None, "rounds": len(history), "archive": ranked,
-            "first_round_mean_score": history[0]["mean_score"], "last_round_mean_score": history[-1]["mean_score"],
+            "first_round_mean_score": scored_rounds[0]["mean_score"],
+            "last_round_mean_score": scored_rounds[-1]["mean_score"], "unscored_replies": unscored,
             "history": history, "train_runtime": round(time.monotonic() - start, 3),
         }

@@ -10,6 +10,7 @@ from typing import Any
 
 import reef
 from reef.recipe.base import Recipe
+from reef.scenario import Scenario
 
 # The project root holds `recipes/`; it is not an installed package, so make it importable from
 # any working directory (the `reef` console script does not put the cwd on sys.path).
@@ -42,6 +43,7 @@ def resolve(ref: str) -> type[Recipe]:
     return cls
 
 
-def load_recipe(ref: str, params: dict[str, Any] | None = None) -> Recipe:
-    """Instantiate a recipe from its reference and params.yaml-style values (unknown keys fail)."""
-    return resolve(ref)(**(params or {}))
+def load_recipe(ref: str, params: dict[str, Any] | None = None, declared: Scenario | None = None) -> Recipe:
+    """Instantiate a recipe from its reference and params.yaml-style values (unknown keys fail);
+    `declared`: the scenario it learns for (default: looked up by the `scenario` param's name)."""
+    return resolve(ref)(declared=declared, **(params or {}))
