@@ -72,8 +72,9 @@ class PromptOutcome(BaseModel):
     messages: list[dict[str, Any]]
     candidate_replies: list[str]
     head_replies: list[str]
-    candidate_score: float
-    head_score: float
+    candidate_score: float | None  # None: the reward scored none of this arm's replies
+    head_score: float | None
+    unscored: int = 0  # replies (both arms) the reward could not score
 
 
 class Probe(BaseModel):
@@ -99,6 +100,8 @@ class GateResult(BaseModel):
     wins: int = 0
     losses: int = 0
     ties: int = 0
+    unscored: int = Field(default=0, description="replies the reward could not score: left out, never counted as 0")
+    backend: Literal["engine", "transformers"] | None = Field(default=None, description="what sampled the replies")
     probe: Probe | None = None
     evaluated_at: datetime = Field(default_factory=utcnow)
     seconds: float | None = None

@@ -52,8 +52,11 @@ def add_parsers(sub: Any, default_url: str) -> None:
     common(p)
     p = sub.add_parser("gate", help="register a candidate folder and evaluate it against the head")
     p.add_argument("path", type=Path, help="a recipe's candidate folder (with candidate.json)")
-    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--samples", type=int, default=None, help="replies per task and arm; unset: the scenario's")
     p.add_argument("--min-delta", type=float, default=0.0)
+    p.add_argument("--engine-url", default=None,
+                   help="the serving vLLM's OpenAI server (not the gateway) to sample through; unset: transformers")
+    p.add_argument("--engine-model", default=None, help="the base model's name on that server")
     common(p)
 
 
@@ -180,13 +183,17 @@ def _candidates(args: argparse.Namespace) -> int:
 
 def _gate(args: argparse.Namespace) -> int:
     from reef.release.candidates import register_candidate
-    from reef.release.gate import GateConfig, evaluate_candidate
+    from reef.release.gate import GateConfig, engine_of, evaluate_candidate
 
     if not (args.path / "candidate.json").is_file():
         raise ReleaseUsageError(f"{args.path} is not a candidate folder (no candidate.json)")
+    try:
+        engine = engine_of(args.engine_url, args.engine_model)
+    except ValueError as exc:
+        raise ReleaseUsageError(str(exc)) from exc
     view = register_candidate(args.data_dir, args.path)
     result = evaluate_candidate(args.data_dir, view.candidate_id,
-                                GateConfig(samples=args.samples, min_delta=args.min_delta))
+                                GateConfig(samples=args.samples, min_delta=args.min_delta), engine=engine)
     if args.json:
         print(json.dumps({"candidate_id": view.candidate_id, **result.summary()}, indent=2))
     else:

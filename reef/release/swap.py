@@ -8,8 +8,9 @@
   waits for running ones (reef.engine.hold.EngineHold); `load` returns with the hold closed, and
   the caller opens it once the route is switched, so no request is recorded under the wrong release.
 - Then a canary request at temperature 0 must reproduce the reply the gate computed for this
-  content with transformers (content without a gate result: the reply it gave when it last served,
-  kept in `<data_dir>/releases/probes.json`).
+  content on the first task of the scenario's eval suite (the engine's own reply when the gate ran
+  on the engine); content without a gate result: the reply it gave to a neutral probe when it last
+  served, kept in `<data_dir>/releases/neutral-probes.json`.
 
 `undo()` puts back what served before; the publisher calls it when the chain refuses the release.
 """
@@ -36,8 +37,10 @@ from reef.release.routing import Route, Routes
 log = logging.getLogger("reef.release")
 
 # Content without a gate result (the base model) is checked against its own earlier reply to this.
-DEFAULT_PROBE = Probe(messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=8, text="")
-PROBES_FILE = "probes.json"
+# Content without a gate result (the base model) is checked against its own earlier reply to this
+# neutral probe; a gate result's probe is the first task of the scenario's eval suite.
+DEFAULT_PROBE = Probe(messages=[{"role": "user", "content": "Hello."}], max_tokens=8, text="")
+PROBES_FILE = "neutral-probes.json"  # replies to DEFAULT_PROBE by content id (probes.json held an older probe's)
 DRAIN_TIMEOUT_S = 60.0
 
 Undo = Callable[[], Awaitable[None]]

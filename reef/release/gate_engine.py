@@ -1,0 +1,267 @@
+"""The gate's engine path: sample the eval suite's replies from the running vLLM (its OpenAI server,
+not the recording gateway, so gate traffic is never recorded as experience).
+
+A LoRA that does not serve yet is loaded under a temporary adapter name for the gate's duration
+and unloaded afterwards, even on error or SIGTERM. Adapter slots are the publisher's first: the
+gate uses only slots the engine has free (`max_loras` minus the adapters loaded now), and gates
+sharing a data dir take turns (a file lock), so two gates never count the same free slot. A gate
+process killed outright leaves its adapter behind under a name carrying its pid; the next gate
+unloads adapters whose process is gone.
+
+Each task is one request with `n` = samples, the task's messages and tools as they are, and a
+per-task `seed`, so a rerun samples the same replies and both arms share their random numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import re
+import secrets
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from reef.engine.weights import EngineWeights
+
+TEMP_PREFIX = "reef-gate-"
+_TEMP_NAME = re.compile(rf"^{TEMP_PREFIX}(\d+)-")
+LOCK_FILE = "GATE_ENGINE.LOCK"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GateEngine:
+    """The serving engine the gate samples through: vLLM's OpenAI server and its base-model name."""
+
+    url: str  # base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
+    model: str
+
+    @property
+    def base_url(self) -> str:
+        url = self.url.rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class GateEngineError(RuntimeError):
+    pass
+
+
+class NoFreeSlotError(GateEngineError):
+    """Every adapter slot serves a release or a canary: the gate must not evict one."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of the comparison on the engine: a served model name, or an adapter to load."""
+
+    served: str | None = None  # a name the engine answers already (the base, a serving release)
+    adapter: Path | None = None  # loaded under a temporary name when `served` is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reply_text(message: dict[str, Any]) -> str:
+    """A chat reply as the reward sees it: the content, then each tool call the way Hermes-style
+    templates write them (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`)."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            arguments = fn.get("arguments")
+        text += f"\n<tool_call>\n{json.dumps({'name': fn.get('name'), 'arguments': arguments})}\n</tool_call>"
+    return text
+
+
+class EngineSession:
+    """Adapters loaded for one gate run, and the sampling requests."""
+
+    def __init__(self, engine: GateEngine, concurrency: int, timeout_s: float = 600.0) -> None:
+        self.engine = engine
+        self.weights = EngineWeights(engine.base_url, timeout_s=timeout_s)
+        self.http = httpx.AsyncClient(base_url=engine.base_url, timeout=timeout_s, limits=httpx.Limits(
+            max_connections=concurrency, max_keepalive_connections=concurrency))
+        self.limit = asyncio.Semaphore(concurrency)
+        self.loaded: list[str] = []
+
+    async def _json(self, path: str, **params: Any) -> Any:
+        try:
+            response = await self.http.get(path, params=params or None)
+        except httpx.HTTPError as exc:
+            raise GateEngineError(f"engine at {self.engine.base_url}: {exc!r}") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise GateEngineError(f"GET {path}: HTTP {response.status_code} {response.text[:200]}")
+        return response.json()
+
+    async def adapters(self) -> list[str]:
+        models = await self._json("/v1/models")
+        if models is None:
+            raise GateEngineError(f"{self.engine.base_url} has no /v1/models: not an OpenAI server")
+        names = [m["id"] for m in models["data"]]
+        if self.engine.model not in names:
+            raise GateEngineError(f"the engine serves {names}, not the base model {self.engine.model!r}")
+        return [m["id"] for m in models["data"] if m.get("parent")]
+
+    async def free_slots(self, loaded: list[str]) -> int | None:
+        """Adapter slots nobody uses (None: the engine does not say how many it has)."""
+        info = await self._json("/server_info", config_format="json")  # dev mode only
+        if info is None:
+            return None
+        lora = (info.get("vllm_config") or {}).get("lora_config")
+        if not isinstance(lora, dict):
+            return 0  # started without --enable-lora
+        return int(lora.get("max_loras", 1)) - len(loaded)
+
+    async def sweep(self, loaded: list[str]) -> list[str]:
+        """Unload temporary adapters whose gate process is gone; the adapters still loaded."""
+        kept = []
+        for name in loaded:
+            match = _TEMP_NAME.match(name)
+            if match and not _alive(int(match.group(1))):
+                await self.weights.unload_lora(name)
+            else:
+                kept.append(name)
+        return kept
+
+    async def prepare(self, arms: Sequence[Arm]) -> list[str]:
+        """The model name each arm is sampled under, loading temporary adapters where needed."""
+        loaded = await self.sweep(await self.adapters())
+        missing = [a for a in arms if a.served is None or (a.served != self.engine.model and a.served not in loaded)]
+        if missing:
+            free = await self.free_slots(loaded)
+            if free is not None and free < len(missing):
+                raise NoFreeSlotError(f"the engine has {max(free, 0)} free adapter slot(s), the gate needs "
+                                      f"{len(missing)}")
+        names = []
+        for arm in arms:
+            if arm in missing:
+                if arm.adapter is None:
+                    raise GateEngineError(f"{arm.served} does not serve on the engine and has no adapter")
+                name = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+                self.loaded.append(name)  # before the request: a load that half-happened is undone too
+                await self.weights.load_lora(name, arm.adapter)
+                names.append(name)
+            else:
+                assert arm.served is not None
+                names.append(arm.served)
+        return names
+
+    async def release(self) -> None:
+        for name in reversed(self.loaded):
+            try:
+                await self.weights.unload_lora(name)
+            except Exception:  # noqa: BLE001 - the next one must still go; a leftover is swept later
+                pass
+        self.loaded.clear()
+        await self.weights.close()
+        await self.http.aclose()
+
+    async def sample(self, model: str, task: dict[str, Any], *, samples: int, max_tokens: int, temperature: float,
+                     seed: int) -> list[str]:
+        body: dict[str, Any] = {"model": model, "messages": task["messages"], "n": samples, "max_tokens": max_tokens,
+                                "temperature": temperature, "top_p": 1.0, "top_k": 0, "seed": seed}
+        if task.get("tools"):
+            body["tools"] = task["tools"]
+            if task.get("tool_choice") is not None:
+                body["tool_choice"] = task["tool_choice"]
+        async with self.limit:
+            response = await self._chat(body)
+            if response.status_code == 400 and "tool choice" in response.text and "tool_choice" not in body:
+                # An engine without a tool-call parser: the tools are still in the prompt, the reply is text.
+                response = await self._chat({**body, "tool_choice": "none"})
+        if response.status_code != 200:
+            raise GateEngineError(f"{model} answered HTTP {response.status_code}: {response.text[:300]}")
+        choices = sorted(response.json()["choices"], key=lambda c: c["index"])
+        return [reply_text(c["message"]) for c in choices]
+
+    async def _chat(self, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return await self.http.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise GateEngineError(f"{body['model']}: {exc!r}") from exc
+
+
+@contextmanager
+def taking_turns(data_dir: Path | None) -> Iterator[None]:
+    """Gates sharing a data dir use the engine one at a time (see the module docstring)."""
+    if data_dir is None:
+        yield
+        return
+    path = Path(data_dir) / "releases" / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_session(engine: GateEngine, concurrency: int, body: Callable[[EngineSession], Awaitable[T]]) -> T:
+    """Run `body` with a session whose adapters are unloaded afterwards, whatever happens.
+
+    SIGTERM (the learner stopping a round) cancels the body, so its adapters are unloaded before
+    the process exits; from a thread that already runs an event loop (a notebook), the session
+    runs on a thread of its own."""
+
+    async def main() -> T:
+        session = EngineSession(engine, concurrency)
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        terminated = threading.Event()
+        handle_sigterm = threading.current_thread() is threading.main_thread() and task is not None
+        if handle_sigterm:
+            def on_sigterm() -> None:
+                terminated.set()
+                task.cancel()  # type: ignore[union-attr]
+
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await body(session)
+        except asyncio.CancelledError:
+            if terminated.is_set():
+                raise SystemExit(128 + signal.SIGTERM) from None
+            raise
+        finally:
+            await session.release()
+            if handle_sigterm:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def runner() -> None:
+        try:
+            result.append(asyncio.run(main()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=runner, name="reef-gate-engine")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]

