@@ -47,8 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from reef.demo import task as demo  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
-from reef.recipe.evaluate import evaluate  # noqa: E402
-from reef.recipe.stage import parse_overrides  # noqa: E402
+from reef.recipe.stage import gate_metrics, parse_overrides  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.simulate import simulate  # noqa: E402
 
@@ -74,9 +73,10 @@ class Round:
     eval_s: float
     candidate: str
     candidate_success: float
-    baseline_success: float
+    head_success: float
     delta: float
-    delta_stderr: float | None
+    ci_low: float
+    ci_high: float
 
 
 @dataclass
@@ -134,9 +134,13 @@ def learning_round(r: int, data_dir: Path, work: Path, base: Path, args: argpars
     t0 = time.perf_counter()
     with (console.status(f"round {r}: evaluating on {len(demo.eval_tasks())} held-out prompts..."),
           quiet(work / "train.log")):
-        metrics = evaluate(candidate.path, TINY, SCENARIO, samples=args.eval_samples, seed=args.eval_seed,
-                           out=candidate.path / "eval.json")
+        metrics = evaluate(candidate.path, args)
     return candidate.to_json() | {"snapshot": snap.manifest}, metrics, train_s, time.perf_counter() - t0
+
+
+def evaluate(candidate: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The gate's comparison with the base model (transformers; the scenario's eval settings)."""
+    return gate_metrics(candidate, TINY, SCENARIO, {"samples": args.eval_samples}, candidate / "eval.json")
 
 
 def run_grpo(samples: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -185,7 +189,7 @@ def run_grpo(samples: int, out: Path, args: argparse.Namespace) -> dict[str, Any
     trainer.model.save_pretrained(out)
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     t0 = time.perf_counter()
-    metrics = evaluate(out, TINY, SCENARIO, samples=args.eval_samples, seed=args.eval_seed, out=out / "eval.json")
+    metrics = evaluate(out, args)
     return {
         "samples": steps * batch, "prompts": len(prompts), "num_generations": g, "steps": steps,
         "learning_rate": args.grpo_lr, "train_s": train_s, "eval_s": time.perf_counter() - t0,
@@ -227,17 +231,18 @@ def report(result: Result) -> None:
                         f"temperature 1)")
     # "sampled reward": mean verifier score of the samples trained on, as they were generated (the
     # loop's come from the served base model; GRPO's from its own policy, first -> last logged step).
-    for col in ("model", "trained on", "sampled reward", "train samples", "train s", "held-out success", "vs. base"):
+    for col in ("model", "trained on", "sampled reward", "train samples", "train s", "held-out success",
+                "vs. base, 95 % CI"):
         table.add_column(col, justify="right" if col != "model" else "left")
     table.add_row("base (served by vLLM)", "-", "-", "-", "-", f"{result.base_success:.1%}", "-")
     for r in result.rounds:
-        err = f" ± {r.delta_stderr:.1%}" if r.delta_stderr is not None else ""
+        err = f" [{r.ci_low:+.1%}, {r.ci_high:+.1%}]"
         table.add_row(f"round {r.round} ({result.config['recipe']})", f"{r.samples_seen} recorded",
                       f"{r.traffic_mean_score:.1%}", str(r.train_samples if r.train_samples is not None else "-"),
                       f"{r.train_s:.1f}", f"{r.candidate_success:.1%}", f"{r.delta:+.1%}{err}")
     if result.grpo:
         g = result.grpo
-        err = f" ± {g['metrics']['delta_stderr']:.1%}" if g["metrics"]["delta_stderr"] is not None else ""
+        err = f" [{g['metrics']['ci_low']:+.1%}, {g['metrics']['ci_high']:+.1%}]"
         table.add_row("TRL GRPOTrainer, no vLLM", f"{g['samples']} generated",
                       f"{g['train_reward_first']:.0%} -> {g['train_reward_last']:.0%}",
                       f"{g['prompts']} x {g['num_generations']}", f"{g['train_s']:.1f}",
@@ -280,7 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-chain", action="store_true",
                         help="train every round's candidate from the base model (default: from the previous one)")
     parser.add_argument("--eval-samples", type=int, default=8, help="samples per held-out prompt")
-    parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-grpo", action="store_true", help="skip the plain TRL GRPOTrainer comparison")
     parser.add_argument("--grpo-generations", type=int, default=8, help="completions per prompt")
@@ -340,17 +344,17 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"[yellow]round {r}: nothing to train on yet ({exc}); the records wait for the "
                               f"next round[/yellow]")
                 continue
-            result.base_success = metrics["baseline_success"]
+            result.base_success = metrics["head_success"]
             result.rounds.append(Round(
                 round=r, requests=summary.requests, traffic_mean_score=summary.mean_score, samples_seen=seen,
                 snapshot_records=len(cand["snapshot"]["record_ids"]), snapshot_counts=cand["snapshot"]["counts"],
                 train_samples=cand["metrics"].get("train_samples"), train_s=train_s, eval_s=eval_s,
                 candidate=cand["path"], candidate_success=metrics["candidate_success"],
-                baseline_success=metrics["baseline_success"], delta=metrics["delta"],
-                delta_stderr=metrics["delta_stderr"],
+                head_success=metrics["head_success"], delta=metrics["delta"],
+                ci_low=metrics["ci_low"], ci_high=metrics["ci_high"],
             ))
             console.print(f"round {r}: candidate {Path(cand['path']).name}: held-out success "
-                          f"{metrics['candidate_success']:.1%} (base {metrics['baseline_success']:.1%}), "
+                          f"{metrics['candidate_success']:.1%} (base {metrics['head_success']:.1%}), "
                           f"train {train_s:.1f} s, eval {eval_s:.1f} s; elapsed {time.perf_counter() - started:.0f} s")
             if not args.no_chain and cand["kind"] == "full":
                 base = Path(cand["path"])

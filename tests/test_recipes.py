@@ -15,9 +15,10 @@ from transformers import AutoModelForCausalLM
 
 from recipes.online_rl.recipe import rl_examples
 from reef.recipe import EmptySnapshotError, ExperienceSpec, Snapshot, load_recipe, resolve
-from reef.recipe.evaluate import evaluate
+from reef.recipe.evaluate import load_model
 from reef.recipe.ledger import ConsumedError, consumed
 from reef.recipe.spec import CANDIDATE_FILE, Candidate
+from reef.recipe.stage import gate_metrics
 from reef.traffic.offline import record_offline_traffic
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -153,20 +154,18 @@ def test_online_rl_end_to_end(kind: str, tiny: Path, store: Path, tmp_path: Path
     # Recorded by the same weights: the importance ratio starts at ~1 and the cap rarely binds.
     assert 0.8 < m["is_ratio"] < 1.25 and m["is_truncated"] < 0.2
     if kind == "lora":
-        from peft import PeftModel
-
         assert (cand.path / "adapter_config.json").exists() and not (cand.path / "model.safetensors").exists()
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny), cand.path)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(cand.path)
-    base = AutoModelForCausalLM.from_pretrained(tiny)
+    model, _ = load_model(cand.path)
+    base, _ = load_model(tiny)
     ids = torch.tensor([snap.samples()["prompt_ids"][0].to_list()])
     with torch.no_grad():
         assert not torch.allclose(model(ids).logits, base(ids).logits)  # training moved the weights
 
 
-def test_evaluate_is_paired_and_deterministic(tiny: Path, tmp_path: Path) -> None:
+def test_the_gate_on_folders_is_paired_and_written_as_metrics(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "metrics.json"
-    m = evaluate(tiny, tiny, SCENARIO, samples=1, seed=3, out=out)
-    assert m["candidate_success"] == m["baseline_success"] and m["delta"] == 0.0
-    assert m["ties"] == m["prompts"] == 80 and json.loads(out.read_text()) == m
+    m = gate_metrics(tiny, tiny, SCENARIO, {"samples": 1, "seed": 3}, out)
+    assert m["candidate_success"] == m["head_success"] and m["delta"] == 0.0 and m["decision"] == "reject"
+    assert m["ties"] == m["prompts"] == 80 and m["unscored"] == 0 and json.loads(out.read_text()) == m
+    with pytest.raises(ValueError, match="temperature"):
+        gate_metrics(tiny, tiny, SCENARIO, {"temperature": 0.5}, out)  # the scenario's eval section says that

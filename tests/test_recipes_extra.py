@@ -18,6 +18,7 @@ from recipes.kto.recipe import KTO, kto_examples
 from recipes.self_play.recipe import Proposer, SelfPlay
 from recipes.ttt.recipe import TTT, entropic_advantages
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe, resolve
+from reef.recipe.evaluate import load_model
 from reef.recipe.practice import describe
 from reef.recipe.spec import CANDIDATE_FILE
 from reef.recipe.stage import Params, learn_once
@@ -41,14 +42,10 @@ def snapshot(recipe: object, data: Path, tmp_path: Path, **kw: object) -> Snapsh
     return Snapshot.create(spec.scenario, data, spec, root=tmp_path / "snaps", ledger_root=tmp_path / "ledger", **kw)
 
 
-def load_candidate(path: Path, base: Path) -> torch.nn.Module:
-    meta = json.loads((path / CANDIDATE_FILE).read_text())
-    if meta["kind"] == "lora":
-        from peft import PeftModel
-
+def load_candidate(path: Path) -> torch.nn.Module:
+    if json.loads((path / CANDIDATE_FILE).read_text())["kind"] == "lora":
         assert not (path / "model.safetensors").exists() and not (path / "ref").exists()
-        return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path)
-    return AutoModelForCausalLM.from_pretrained(path)
+    return load_model(path)[0]
 
 
 def moved(model: torch.nn.Module, base: Path) -> bool:
@@ -104,7 +101,7 @@ def test_kto_on_thumbs_reports(kind: str, tiny: Path, store: Path, tmp_path: Pat
     assert m["desirable_weight"] == pytest.approx((samples.height - up) / up) and m["train_loss"] > 0
     lin = cand.lineage
     assert lin.recipe == "recipes.kto.recipe:KTO" and lin.snapshot_hash == snap.hash and lin.params["threshold"] == 0.5
-    assert moved(load_candidate(cand.path, tiny), tiny)
+    assert moved(load_candidate(cand.path), tiny)
 
 
 def test_kto_examples_threshold_and_shuffle() -> None:
@@ -145,7 +142,7 @@ def test_ttt_discovers_and_archives(tiny: Path, tmp_path: Path) -> None:
     assert len({e["text"] for e in m["archive"]}) == len(m["archive"])
     assert m["rounds"] == 10 and m["last_round_mean_score"] > m["first_round_mean_score"]
     assert cand.kind == "lora" and m["snapshot_records"] == 0 and cand.lineage.recipe == "recipes.ttt.recipe:TTT"
-    assert moved(load_candidate(cand.path, tiny), tiny)
+    assert moved(load_candidate(cand.path), tiny)
 
 
 def test_self_play_logs_both_roles(tiny: Path, tmp_path: Path) -> None:
@@ -163,7 +160,7 @@ def test_self_play_logs_both_roles(tiny: Path, tmp_path: Path) -> None:
     practice = {t["task_id"] for t in training_tasks(demo_add)}
     trained_on = {t for h in m["history"] for t in h["tasks"]}
     assert trained_on and trained_on <= practice and not trained_on & held_out  # the eval suite stays unseen
-    assert cand.kind == "full" and moved(load_candidate(cand.path, tiny), tiny)
+    assert cand.kind == "full" and moved(load_candidate(cand.path), tiny)
 
 
 def test_proposer_policy_is_a_choice_among_the_shown_tasks(tiny: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from reef.durable import replace_atomically
 from reef.recipe import ledger
 from reef.recipe.base import Recipe
 from reef.recipe.registry import load_recipe, resolve
@@ -98,12 +99,29 @@ def stage_train(params: Params, progress: bool = True) -> Candidate:
     return params.recipe().run(Snapshot.open(params.snapshot_dir), out_dir=params.candidate_dir, progress=progress)
 
 
-def stage_evaluate(params: Params) -> dict[str, Any]:
-    from reef.recipe.evaluate import evaluate
+def gate_metrics(candidate: Path | str, baseline: Path | str, scenario: str, evaluate: dict[str, Any],
+                 out: Path, progress: bool = False) -> dict[str, Any]:
+    """The gate's comparison of a candidate folder with `baseline`, written to `out` as metrics JSON.
+    `evaluate` (params.yaml's section) holds GateConfig fields: samples, seed, confidence, min_delta."""
+    from dataclasses import fields
 
+    from reef.release.gate import GateConfig, gate_folders
+
+    known = {f.name for f in fields(GateConfig)}
+    if unknown := sorted(set(evaluate) - known):
+        raise ValueError(f"evaluate: unknown key(s) {unknown}; the gate takes {sorted(known)} (sampling settings "
+                         "are the scenario's eval: max_new_tokens, samples, temperature, seed)")
+    result = gate_folders(candidate, baseline, scenario, GateConfig(**evaluate), progress=progress)
+    metrics = {"scenario": scenario, "baseline": str(baseline), **result.summary()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(out, (json.dumps(metrics, indent=2) + "\n").encode())
+    return metrics
+
+
+def stage_evaluate(params: Params) -> dict[str, Any]:
     ev = params.evaluate
     baseline = ev.pop("baseline", None) or params.base_model
-    return evaluate(params.candidate_dir, baseline, params.scenario, out=params.metrics_file, **ev)
+    return gate_metrics(params.candidate_dir, baseline, params.scenario, ev, params.metrics_file)
 
 
 def _selection(params: Params) -> tuple[int, dict[str, int], str]:
@@ -181,12 +199,10 @@ def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overr
     candidate = recipe.run(snap, out_root=out_root, progress=progress)
     out: dict[str, Any] = {"snapshot": snap.id, "candidate": candidate.to_json()}
     if evaluate:
-        from reef.recipe.evaluate import evaluate as run_eval
-
         ev = params.evaluate
         baseline = ev.pop("baseline", None) or recipe.config.base_model
-        out["metrics"] = run_eval(candidate.path, baseline, spec.scenario,
-                                  out=Path(candidate.path) / "eval.json", **ev)
+        out["metrics"] = gate_metrics(candidate.path, baseline, spec.scenario, ev, Path(candidate.path) / "eval.json",
+                                      progress=progress)
     return out
 
 

@@ -1,0 +1,135 @@
+"""The gate through the serving engine vs. through transformers, side by side in one run.
+
+A LoRA candidate (rft, a few steps on offline demo traffic) against the base model on the demo-add
+eval suite (80 tasks x `--samples` replies per arm, the scenario's 16 tokens at temperature 1), in
+alternating order for `--rounds` rounds; medians of wall time, tasks/s and CPU time per task
+(the engine's: the vLLM process group's CPU time plus this process's; transformers': this
+process's). Target: the engine path no slower on CPU.
+
+    .venv/bin/python bench/gate.py [--rounds 3] [--samples 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from reef.config import ServeConfig  # noqa: E402
+from reef.demo import task as demo  # noqa: E402
+from reef.engine.supervisor import EngineSupervisor  # noqa: E402
+from reef.recipe import Snapshot, load_recipe  # noqa: E402
+from reef.recipe.evaluate import suite_for  # noqa: E402
+from reef.release.gate import GateConfig, GateEngine, Weights, gate_weights  # noqa: E402
+from reef.traffic.offline import record_offline_traffic  # noqa: E402
+
+TINY = REPO / "data" / "models" / "tiny"
+OUT = REPO / "bench" / "out"
+MODEL_NAME = "reef-tiny"
+console = Console()
+
+
+def train_lora(work: Path) -> Path:
+    record_offline_traffic(TINY, work / "traffic", demo.SCENARIO, prompts=64, samples=4, seed=1)
+    rft = load_recipe("rft", {"base_model": str(TINY), "kind": "lora", "max_steps": 30, "learning_rate": 5e-3,
+                              "per_device_batch_size": 16, "min_score": 1.0})
+    snap = Snapshot.create(demo.SCENARIO, work / "traffic", rft.experience(), root=work / "snapshots",
+                           ledger_root=work / "ledger")
+    return rft.run(snap, out_root=work / "candidates", progress=False, consume=False).path
+
+
+def engine_cpu(pid: int) -> float:
+    """CPU seconds of vLLM's API server and its engine-core/worker processes."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def one(path: str, candidate: Weights, head: Weights, suite: Any, samples: int, engine: GateEngine,
+        engine_pid: int) -> dict[str, Any]:
+    cpu0, eng0, t0 = time.process_time(), engine_cpu(engine_pid), time.perf_counter()
+    result = gate_weights(candidate, head, suite, GateConfig(samples=samples),
+                          engine=engine if path == "engine" else None, progress=False)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0 + (engine_cpu(engine_pid) - eng0 if path == "engine" else 0.0)
+    assert result.backend == path, result.reason
+    tasks = len(suite.tasks)
+    return {"path": path, "wall_s": wall, "tasks_per_s": tasks / wall, "cpu_ms_per_task": 1000 * cpu / tasks,
+            "candidate_success": result.candidate_success, "head_success": result.head_success,
+            "decision": result.decision}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=4)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="reef-bench-gate-"))
+    with console.status("training a LoRA candidate..."):
+        adapter = train_lora(work)
+    suite = suite_for(demo.SCENARIO)
+    config = ServeConfig(model=str(TINY), served_model_name=MODEL_NAME, data_dir=REPO / "data")
+    supervisor = EngineSupervisor(config, work / "vllm.log")
+    with console.status("starting vLLM..."):
+        url = supervisor.start()
+    assert supervisor.process is not None
+    engine = GateEngine(url, MODEL_NAME)
+    candidate, head = Weights(TINY, adapter), Weights(TINY, served=MODEL_NAME)
+    runs: list[dict[str, Any]] = []
+    try:
+        # A warm-up of each path (imports, first compiled shapes), not counted.
+        for path in ("engine", "transformers"):
+            one(path, candidate, head, suite, 1, engine, supervisor.process.pid)
+        for r in range(args.rounds):
+            for path in (("engine", "transformers") if r % 2 == 0 else ("transformers", "engine")):
+                with console.status(f"round {r + 1}/{args.rounds}: {path}..."):
+                    runs.append(one(path, candidate, head, suite, args.samples, engine, supervisor.process.pid))
+                console.print(f"round {r + 1} {path}: {runs[-1]['wall_s']:.2f} s")
+    finally:
+        supervisor.stop()
+    table = Table(title=f"gate on {demo.SCENARIO}: {len(suite.tasks)} tasks x {args.samples} replies x 2 arms, "
+                        f"{suite.max_new_tokens} tokens, medians of {args.rounds} alternating rounds")
+    for col in ("path", "wall s", "tasks/s", "CPU ms/task", "candidate success", "head success"):
+        table.add_column(col, justify="right" if col != "path" else "left")
+    summary = {}
+    for path in ("engine", "transformers"):
+        mine = [r for r in runs if r["path"] == path]
+        med = {k: statistics.median(r[k] for r in mine) for k in ("wall_s", "tasks_per_s", "cpu_ms_per_task",
+                                                                   "candidate_success", "head_success")}
+        summary[path] = med
+        label = "engine (vLLM, temporary adapter)" if path == "engine" else "transformers (fp32, 1 thread)"
+        table.add_row(label, f"{med['wall_s']:.2f}", f"{med['tasks_per_s']:.1f}", f"{med['cpu_ms_per_task']:.0f}",
+                      f"{med['candidate_success']:.3f}", f"{med['head_success']:.3f}")
+    console.print(table)
+    speedup = summary["transformers"]["wall_s"] / summary["engine"]["wall_s"]
+    ok = speedup >= 1.0
+    console.print(f"engine path {speedup:.2f}x the transformers path's speed (wall); target >= 1.0: "
+                  f"{'[green]met[/green]' if ok else '[red]missed[/red]'}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "gate.json").write_text(json.dumps({"rounds": runs, "median": summary, "samples": args.samples,
+                                               "speedup": speedup}, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
