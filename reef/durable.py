@@ -4,9 +4,15 @@ directory is. Standard library only, so light processes (CLI commands, publisher
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import shutil
 import uuid
 from pathlib import Path
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
 
 
 def fsync_path(path: Path) -> None:
@@ -54,3 +60,49 @@ def _write(path: Path, flags: int, data: bytes, fsync: bool) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_tree(root: Path) -> None:
+    """fsync every file and folder under `root`, and `root`: the whole tree is on disk."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_path(Path(folder) / name)
+        fsync_path(Path(folder))
+
+
+def replace_dir(staging: Path, target: Path, *, fsync: bool = True) -> None:
+    """Put a fully written folder in place of `target`: readers (and a crash) see the old folder
+    or the new one, whole, never neither. Linux swaps the two in one step (renameat2 with
+    RENAME_EXCHANGE); elsewhere the old one is first renamed aside (a crash between the two renames
+    leaves it there, whole, as `.<name>.old-*`)."""
+    if fsync:
+        sync_tree(staging)
+    if not target.exists():
+        os.rename(staging, target)
+    elif _exchange(staging, target):
+        if fsync:
+            fsync_path(target.parent)
+        shutil.rmtree(staging)  # it now holds the old folder
+    else:
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+        os.rename(staging, target)
+        if fsync:
+            fsync_path(target.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    if fsync:
+        fsync_path(target.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths; False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))

@@ -33,6 +33,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from reef.durable import replace_dir
 from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
@@ -237,9 +238,7 @@ class Recipe(ABC):
             candidate = Candidate(id=cand_id, path=target, kind=self.config.kind, scenario=snap.scenario,
                                   metrics=metrics, lineage=lineage, created_at=datetime.now(UTC).isoformat())
             candidate.write(staging)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
+            replace_dir(staging, target)  # synced, and swapped in whole: never deleted first
         finally:
             torch.set_num_threads(threads)
             if bars[0]:

@@ -1,7 +1,7 @@
 """The consumed ledger: which record ids a training round has used, so none is trained on twice.
 
 One parquet file per consumed snapshot, `<root>/<scenario>/consumed-<hash12>.parquet` (root
-`data/ledger` by default), written atomically once a round's training has finished. It lives
+`data/ledger` by default), written atomically and durably (fsynced) once a round's training has finished. It lives
 apart from the experience folder, so that folder changes only when traffic arrives (DVC hashes
 it). Snapshots exclude every id in the ledger. Re-training on the same snapshot (another recipe
 parameter, a `dvc exp run`) is allowed: those candidates are siblings built from one round, not
@@ -10,13 +10,13 @@ a second round over the same records.
 
 from __future__ import annotations
 
-import os
-import uuid
+import io
 from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 
+from reef.durable import replace_atomically
 from reef.experience import shards
 
 DEFAULT_ROOT = Path("data/ledger")
@@ -81,11 +81,9 @@ def mark_consumed(
         },
         schema=_SCHEMA,
     )
-    # Written aside and renamed, so a reader never sees a half-written ledger file.
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # Synced, renamed into place and its folder synced before this returns: a round that trained on
+    # these records is never forgotten by a crash (which would train on them twice).
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    replace_atomically(target, buffer.getvalue())
     return target

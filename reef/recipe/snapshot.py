@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import datasets
 import polars as pl
 
+from reef.durable import replace_dir
 from reef.experience import load
 from reef.experience.load import EXPERIENCE_FEATURES
 from reef.experience.schema import sha256_json
@@ -240,14 +240,13 @@ class Snapshot:
 
 
 def _write_atomically(target: Path, frame: pl.DataFrame, manifest: dict[str, Any]) -> None:
-    # Built beside the target and renamed: a reader sees the old snapshot or the new one, whole.
+    # Built beside the target, synced, and swapped in: a reader (or a crash) sees the old snapshot
+    # or the new one, whole.
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
         frame.write_parquet(tmp / RECORDS_FILE)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
