@@ -116,7 +116,12 @@ def _event_loop_runner():  # noqa: ANN202
         return asyncio.run
 
 
+async def _nothing() -> None:
+    pass
+
+
 async def _run(server: uvicorn.Server, state: GatewayState) -> None:
+    supervision: asyncio.Task[None] | None = None
     try:
         if state.engine is None:  # a server Reef did not start: does it return token ids?
             if not await state.upstream.probe_token_ids(state.config.upstream.token_ids):
@@ -126,8 +131,13 @@ async def _run(server: uvicorn.Server, state: GatewayState) -> None:
             await state.publisher.start()  # each scenario's head serves before the first request
         if state.learner is not None:
             state.learner.start(state.publisher, asyncio.get_running_loop())
+        if state.engine is not None:
+            recovered = state.publisher.engine_restarted if state.publisher is not None else _nothing
+            supervision = asyncio.get_running_loop().create_task(state.engine.supervise(recovered))
         await server.serve()
     finally:
+        if supervision is not None:
+            supervision.cancel()
         await state.upstream.aclose()
         if state.publisher is not None and state.publisher.weights is not None:
             try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -63,3 +66,64 @@ def test_kill_9_loses_no_acknowledged_record(make_gateway) -> None:
     raw = gw.client(**{"x-reef-scenario": "crash"}).chat.completions.with_raw_response.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert httpx.get(f"{gw.url}/reef/records/{raw.headers['x-reef-agent-record-id']}").status_code == 200
+
+
+def _small_filesystem(path: Path, size: str) -> None:
+    """A tmpfs of `size` at `path`: a disk that really fills up (as root, or through sudo)."""
+    path.mkdir(parents=True, exist_ok=True)
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    if os.geteuid() != 0:
+        cmd = ["sudo", "-n", *cmd]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def _report(gw: Gateway, record_id: str, report_id: str, feedback: str) -> httpx.Response:
+    return httpx.post(f"{gw.url}/reef/report", headers={"x-reef-scenario": "crash"}, timeout=30,
+                      json={"agent_record_id": record_id, "score": 1.0, "feedback": feedback, "report_id": report_id})
+
+
+def test_a_full_wal_disk_refuses_with_507_and_acknowledges_only_what_is_durable(make_gateway, tmp_path: Path) -> None:
+    gw: Gateway = make_gateway("full", env={"REEF_STORE__FLUSH_INTERVAL_S": "5"})
+    wal = gw.data_dir / "wal"
+    _small_filesystem(wal, "1m")
+    try:
+        gw.start()
+        raw = gw.client(**{"x-reef-scenario": "crash"}).chat.completions.with_raw_response.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        record_id = raw.headers["x-reef-agent-record-id"]
+        feedback = "x" * 30_000  # about 30 reports fill the WAL's megabyte
+        acknowledged, refused, statuses = [], [], []
+        for i in range(400):
+            r = _report(gw, record_id, f"rep-full-{i}", feedback)
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                acknowledged.append(f"rep-full-{i}")
+            else:
+                assert r.status_code == 507, r.text
+                error = r.json()["error"]
+                assert (error["code"], error["type"]) == ("storage_full", "insufficient_storage")
+                assert r.headers["retry-after"]
+                refused.append(f"rep-full-{i}")
+                if len(refused) >= 5:
+                    break
+        assert refused and acknowledged, statuses
+        # The flusher moves the WAL into parquet (on another disk) and frees it: appends work again.
+        deadline = time.monotonic() + 30
+        while (r := _report(gw, record_id, refused[0], feedback)).status_code == 507:
+            assert time.monotonic() < deadline, "never recovered from the full disk"
+            time.sleep(0.2)
+        assert r.status_code == 200 and r.json()["duplicate"] is False, r.text  # it had not been stored
+        acknowledged.append(refused.pop(0))
+        gw.kill()
+        gw.start()
+        for report_id in acknowledged:  # every acknowledged report survived the crash ...
+            r = _report(gw, record_id, report_id, feedback)
+            assert r.status_code == 200 and r.json()["duplicate"] is True, (report_id, r.text)
+        for report_id in refused:  # ... and none that was refused was stored
+            r = _report(gw, record_id, report_id, feedback)
+            assert r.status_code == 200 and r.json()["duplicate"] is False, (report_id, r.text)
+    finally:
+        if gw.process is not None:
+            gw.stop()
+        subprocess.run(["umount", "-l", str(wal)] if os.geteuid() == 0 else ["sudo", "-n", "umount", "-l", str(wal)],
+                       check=False)

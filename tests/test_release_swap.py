@@ -316,6 +316,14 @@ def _report(gw: Gateway, records: list[tuple[str, str]], score: dict[str, float]
         assert r.status_code == 200, r.text
 
 
+def _decided(api: ReefClient, timeout_s: float = 60.0) -> dict:
+    """The canary once its rule decided: the decision runs in the background, not in the report."""
+    deadline = time.monotonic() + timeout_s
+    while (canary := api.canary(S))["state"] in ("running", "promoting") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return canary
+
+
 def test_canary_splits_traffic_and_aborts_on_worse_rewards(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
     parent = head(api)
     started = api.start_canary(S, ids["canary"])
@@ -328,18 +336,37 @@ def test_canary_splits_traffic_and_aborts_on_worse_rewards(gw: Gateway, api: Ree
     assert abs(labels[parent] - n * (1 - FRACTION)) < 4 * sigma, labels  # the configured share, within sampling error
     assert api.canary(S)["arms"]["candidate"]["requests"] == n - labels[parent]
     _report(gw, records, {"candidate": 0.0, "head": 1.0})
-    canary = api.canary(S)
+    canary = _decided(api)
     assert canary["state"] == "aborted" and "live reward" in canary["reason"], canary
     assert head(api) == parent
     after = Counter(release for _, release in _canary_requests(gw, 10))
     assert set(after) == {parent}, after  # all traffic is back on the head
 
 
+def test_a_canary_survives_a_restart(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
+    """Its state is persisted and its numbers are counted again from the recorded experience."""
+    parent = head(api)
+    started = api.start_canary(S, ids["canary"], fraction=0.5)
+    records = _canary_requests(gw, 16)
+    _report(gw, records[:8], {"candidate": 1.0, "head": 0.0})  # fewer than MIN_REPORTS per arm
+    before = api.canary(S)
+    assert before["state"] == "running"
+    gw.stop()
+    gw.start()
+    after = api.canary(S)
+    assert (after["canary_id"], after["state"], after["head_release_id"]) == (started["canary_id"], "running", parent)
+    assert after["arms"] == before["arms"], (before, after)
+    labels = Counter(release for _, release in _canary_requests(gw, 20))
+    assert set(labels) == {parent, f"{S}@canary-{ids['canary'][:12]}"}, labels  # the split is back
+    api.stop_canary(S)
+    assert api.canary(S)["state"] == "aborted"
+
+
 def test_canary_promotes_on_better_rewards(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
     parent = head(api)
     api.start_canary(S, ids["canary"], fraction=0.5)
     _report(gw, _canary_requests(gw, 60), {"candidate": 1.0, "head": 0.0})
-    canary = api.canary(S)
+    canary = _decided(api)
     assert canary["state"] == "promoted", canary
     release = api.releases(S)["head"]
     assert release["release_id"] == canary["release_id"] and release["parent_release_id"] == parent

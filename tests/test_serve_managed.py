@@ -1,4 +1,5 @@
-"""`reef serve` managing its own vLLM: starts it, serves through it, and leaves nothing behind."""
+"""`reef serve` managing its own vLLM: starts it, serves through it, restarts it after a kill -9 of
+its API server (503 with Retry-After meanwhile, no orphan, no zombie), and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -41,6 +42,34 @@ def test_managed_vllm_lifecycle(tiny_model: Path, tmp_path: Path) -> None:
         assert engine["managed"] is True and engine["alive"] is True and engine["healthy"] is True
         assert not engine["url"].endswith(f":{port}"), "vLLM listens on a private port of its own"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
+        reply = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=4)
+        assert reply.choices[0].message.content is not None
+        vllm = psutil.Process(engine["pid"])
+        family = [vllm, *vllm.children(recursive=True)]
+
+        # The engine dies (its API server alone, as an OOM kill would): clients get a plain 503 with
+        # Retry-After, the old engine's EngineCore/Worker are killed, the dead API server is reaped,
+        # and the gateway serves again once the engine is back with the releases applied.
+        killed_at = time.monotonic()
+        os.kill(engine["pid"], signal.SIGKILL)
+        while (r := httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+                "model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+               ).status_code == 200:
+            assert time.monotonic() - killed_at < 30, "the gateway never noticed the engine died"
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
+        error = r.json()["error"]
+        assert error["code"] == "engine_unavailable" and "<" not in error["message"], error  # no repr
+        gone, alive = psutil.wait_procs(family, timeout=60)
+        assert not alive, f"processes of the dead engine left behind: {alive}"
+        assert not psutil.pid_exists(engine["pid"]), "the dead API server was never reaped"
+        while httpx.get(f"{url}/healthz", timeout=5).status_code != 200:
+            assert time.monotonic() - killed_at < 400, (tmp_path / "serve.log").read_text()[-3000:]
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(0.5)
+        engine = httpx.get(f"{url}/reef/status").json()["engine"]
+        assert engine["restarts"] == 1 and engine["alive"] is True and engine["pid"] != vllm.pid
+        assert engine["last_exit"] == f"exit code {-signal.SIGKILL}"
         reply = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
                                                max_tokens=4)
         assert reply.choices[0].message.content is not None

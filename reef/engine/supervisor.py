@@ -1,12 +1,19 @@
 """Starts and supervises the vLLM OpenAI server that `reef serve` records in front of.
 
-vLLM runs as a subprocess in its own process group on a private loopback port. It gets
-PR_SET_PDEATHSIG so that even a `kill -9` of the gateway takes it down, and `stop()` terminates
-the whole group (vLLM spawns engine-core workers of its own).
+vLLM runs as a subprocess in its own process group on a private loopback port; its API server
+spawns EngineCore and Worker processes into that group. The whole group goes down on every path:
+- `stop()` (SIGTERM or Ctrl-C of `reef serve`, or any exit through its `finally`) signals the group;
+- a gateway that dies without cleaning up (`kill -9`, a crash) closes the pipe of its reaper
+  (reef/engine/reaper.py), which then signals the group; the API server also gets
+  PR_SET_PDEATHSIG;
+- an engine that dies by itself (`supervise()`): its API server is reaped (no zombie), whatever is
+  left of its group is killed, and it is started again on the same port with backoff. The gateway
+  answers 503 with `Retry-After` until the publisher has applied every scenario's head again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import logging
@@ -16,15 +23,21 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from reef.config import ServeConfig
+from reef.engine.reaper import group_alive, kill_group
 
 log = logging.getLogger("reef.engine")
 _PR_SET_PDEATHSIG = 1
+REAPER = Path(__file__).with_name("reaper.py")  # run as a script: it imports nothing of Reef
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # between failed restarts; the last repeats
+POLL_S = 0.5
+GROUP_GRACE_S = 10.0
 
 
 class EngineError(RuntimeError):
@@ -72,8 +85,15 @@ class EngineSupervisor:
         self.log_path = log_path
         self.port = config.engine.port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None
         self.started_at: float | None = None
         self.startup_s: float | None = None
+        self.ready = False  # healthy, and (after a restart) every scenario's head applied again
+        self.restarts = 0
+        self.last_exit: str | None = None
+        self.down_since: float | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._reaper_pipe: int | None = None
 
     @property
     def url(self) -> str:
@@ -116,6 +136,19 @@ class EngineSupervisor:
 
     def start(self) -> str:
         """Starts vLLM and blocks until it answers `/health`; returns its base URL."""
+        self._spawn()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - (self.started_at or 0.0)
+        self.ready = True
+        return self.url
+
+    def _spawn(self) -> None:
+        """Start the API server and its reaper. Call from the main thread: PR_SET_PDEATHSIG fires
+        when the *thread* that forked the child ends, so a worker thread must never spawn vLLM."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = self.log_path.open("ab")
         self.started_at = time.monotonic()
@@ -125,13 +158,13 @@ class EngineSupervisor:
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
         )
         log_file.close()
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - self.started_at
-        return self.url
+        self.pgid = self.process.pid  # a new session: its group id is its pid, even once it is dead
+        read_end, self._reaper_pipe = os.pipe()
+        self._reaper = subprocess.Popen(
+            [sys.executable, str(REAPER), str(self.pgid), str(read_end), str(GROUP_GRACE_S)],
+            pass_fds=(read_end,), stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        os.close(read_end)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.config.engine.startup_timeout_s
@@ -157,27 +190,79 @@ class EngineSupervisor:
             "managed": True,
             "pid": self.process.pid if self.process else None,
             "alive": self.alive(),
+            "ready": self.ready,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
             "startup_s": round(self.startup_s, 1) if self.startup_s else None,
             "log": str(self.log_path),
         }
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left; idempotent."""
-        if self.process is None:
-            return
-        try:
-            pgid = os.getpgid(self.process.pid)
-        except ProcessLookupError:
-            pgid = None
-        if pgid is not None:
-            _signal_group(pgid, signal.SIGTERM)
+    def retry_after_s(self) -> int:
+        """What a client should wait before retrying while the engine restarts."""
+        return 5 if self.restarts <= 1 else int(BACKOFF_S[min(self.restarts - 1, len(BACKOFF_S) - 1)])
+
+    async def supervise(self, recovered: Callable[[], Awaitable[None]]) -> None:
+        """Runs for as long as the gateway serves: restarts a dead engine (backoff), then awaits
+        `recovered()` (the heads applied again) before the gateway is ready."""
+        while True:
+            await asyncio.sleep(POLL_S)
+            if self.process is None or self.process.poll() is None:  # poll() reaps a dead API server
+                continue
+            self.ready = False
+            self.down_since = time.monotonic()
+            self.last_exit = f"exit code {self.process.returncode}"
+            log.error("vLLM exited (%s); restarting it; see %s", self.last_exit, self.log_path)
+            await asyncio.to_thread(self._kill_group, 5.0)
+            failures = 0
+            while True:
+                self.restarts += 1
+                try:
+                    self._spawn()
+                    await asyncio.to_thread(self._wait_healthy)
+                    break
+                except EngineError as exc:
+                    await asyncio.to_thread(self._kill_group, 5.0)
+                    wait = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+                    failures += 1
+                    log.error("vLLM restart failed (%s); next try in %.0f s", exc, wait)
+                    await asyncio.sleep(wait)
+            self.startup_s = time.monotonic() - (self.started_at or 0.0)
             try:
-                self.process.wait(timeout=timeout_s)
+                await recovered()
+            except Exception:  # noqa: BLE001 - serving the base beats serving nothing; the error is logged
+                log.exception("applying the releases again after an engine restart failed")
+            self.ready = True
+            log.info("vLLM is back after %.1f s", time.monotonic() - self.down_since)
+            self.down_since = None
+
+    def _kill_group(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left; reap the API server and stop
+        its reaper. Idempotent."""
+        if self.process is None or self.pgid is None:
+            return
+        if group_alive(self.pgid):
+            _signal_group(self.pgid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)  # reaped: a dead child of ours still counts in its group
             except subprocess.TimeoutExpired:
                 pass
-            # Engine workers may outlive the API process for a moment; the group goes entirely.
-            _signal_group(pgid, signal.SIGKILL)
+            # EngineCore and Worker may outlive the API server: the group goes entirely.
+            kill_group(self.pgid, grace_s=5.0)
         self.process.wait()
+        deadline = time.monotonic() + 5.0
+        while group_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._reaper_pipe is not None:
+            os.close(self._reaper_pipe)  # the reaper finds the group gone and exits
+            self._reaper_pipe = None
+        if self._reaper is not None:
+            self._reaper.wait()
+            self._reaper = None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Take the whole engine down (every shutdown path of `reef serve` ends here)."""
+        self.ready = False
+        self._kill_group(timeout_s)
         self.process = None
 
 

@@ -6,6 +6,11 @@ last write, writes it with one `write` and syncs once (O_DSYNC, or fdatasync whe
 then wakes every waiter of that batch: under load one sync covers hundreds of appends, which is
 what makes durable appends cheap.
 
+A full disk is not the end of the log: a write that fails with ENOSPC (or EDQUOT, EFBIG) is cut
+back off the segment, its waiters get `WalFullError` (nothing of theirs is acknowledged), and the
+next batch tries again, so appends succeed again once space is freed (the flusher moves segments
+into parquet and deletes them). Any other failure, or a failed cut, stops the log for good.
+
 The log knows nothing of records: it stores (table, row JSON) pairs, plus an opaque tag the
 caller gets back from `rotate()` so it can drop the rows from memory once they are in parquet.
 """
@@ -13,6 +18,7 @@ caller gets back from `rotate()` so it can drop the rows from memory once they a
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import threading
@@ -46,6 +52,13 @@ class Segment:
 
 class WalError(RuntimeError):
     """The log failed or is closed: nothing more can be made durable through it."""
+
+
+class WalFullError(WalError):
+    """The disk holding the log is full: this append is not durable; later ones may be."""
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def encode(entry: WalEntry) -> bytes:
@@ -111,6 +124,7 @@ class _Batch(NamedTuple):
     data: bytes
     entries: Sequence[WalEntry]
     waiter: asyncio.Future[None] | None  # None: a sync caller, which waits on the counters
+    ticket: int
 
 
 class WriteAheadLog:
@@ -124,12 +138,14 @@ class WriteAheadLog:
         self._submitted = 0  # batches ever queued ...
         self._durable = 0  # ... and how many of the first of them are on disk
         self._error: BaseException | None = None
+        self._full: dict[int, BaseException] = {}  # tickets of sync callers whose batch hit a full disk
         self._closing = False
         self._writer_idle = False
         # The current segment; `_io_lock` keeps rotation from slipping between a write and its sync.
         self._io_lock = threading.Lock()
         self._segment: Segment | None = None
         self._fd = -1
+        self._size = 0  # bytes of the current segment that hold whole, synced batches
         self._thread: threading.Thread | None = None
         self.writes = 0  # write+sync rounds so far: appends / writes is the group-commit factor
 
@@ -186,8 +202,8 @@ class WriteAheadLog:
                 raise WalError("the write-ahead log failed earlier") from self._error
             if self._closing or self._thread is None:
                 raise WalError("the write-ahead log is not open")
-            self._pending.append(_Batch(data, entries, waiter))
             self._submitted += 1
+            self._pending.append(_Batch(data, entries, waiter, self._submitted))
             # Condition.notify costs more than the rest of an append: only wake a writer that sleeps.
             if self._writer_idle:
                 self._work.notify()
@@ -215,6 +231,9 @@ class WriteAheadLog:
         with self._lock:
             while self._durable < ticket and self._error is None:
                 self._done.wait()
+            full = self._full.pop(ticket, None)
+            if full is not None:
+                raise WalFullError(f"write-ahead log: the disk is full ({full})") from full
             if self._durable < ticket:
                 raise WalError("the write-ahead log failed") from self._error
 
@@ -238,6 +257,7 @@ class WriteAheadLog:
         if self.fsync and USE_O_DSYNC:
             flags |= _O_DSYNC
         self._fd = os.open(path, flags, 0o644)
+        self._size = os.fstat(self._fd).st_size
         if self.fsync:
             fsync_path(self.directory)
         self._segment = Segment(seq, path)
@@ -256,33 +276,50 @@ class WriteAheadLog:
                 batch, self._pending = self._pending, []
                 upto = self._submitted
             error: BaseException | None = None
+            fatal = False
             try:
                 self._write(batch)
+            except WalFullError as exc:  # cut back off the segment: retried with the next batch
+                log.warning("WAL: %s; %d append(s) refused", exc, len(batch))
+                error = exc
             except BaseException as exc:  # a failed write or sync leaves the file in an unknown state
                 log.exception("WAL write failed; refusing further appends")
-                error = exc
+                error, fatal = exc, True
             with self._lock:
-                if error is not None:
+                if fatal:
                     self._error = error
                     # Nothing queued behind a failed write can be trusted either.
                     batch.extend(self._pending)
                     self._pending = []
                 else:
+                    if error is not None:
+                        self._full.update({b.ticket: error for b in batch if b.waiter is None})
                     self._durable = upto
                 self._done.notify_all()
             _wake(batch, error)
-            if error is not None:
+            if fatal:
                 return
 
     def _write(self, batch: list[_Batch]) -> None:
         data = memoryview(b"".join([b.data for b in batch]))
         with self._io_lock:
             assert self._segment is not None
-            while data:
-                written = os.write(self._fd, data)
-                data = data[written:]
-            if self.fsync and not USE_O_DSYNC:
-                _datasync(self._fd)
+            try:
+                while data:
+                    written = os.write(self._fd, data)
+                    data = data[written:]
+                if self.fsync and not USE_O_DSYNC:
+                    _datasync(self._fd)
+            except OSError as exc:
+                if exc.errno not in _FULL:
+                    raise
+                # Part of the batch may be in the file: cut it off, so the segment holds only whole,
+                # acknowledged batches and the next write appends after them. If the cut fails, the
+                # exception is not WalFullError and the log stops.
+                os.ftruncate(self._fd, self._size)
+                os.fsync(self._fd)
+                raise WalFullError(f"{os.strerror(exc.errno)} writing {self._segment.path}") from exc
+            self._size += sum(len(b.data) for b in batch)
             self.writes += 1
             entries = self._segment.entries
             for b in batch:
@@ -308,5 +345,7 @@ def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) ->
             continue
         if error is None:
             fut.set_result(None)
+        elif isinstance(error, WalFullError):
+            fut.set_exception(WalFullError(str(error)))
         else:
             fut.set_exception(WalError(f"write-ahead log write failed: {error!r}"))

@@ -136,7 +136,7 @@ _LINKS = {  # the stateful fuzzing phase follows these from a chat call to its r
                      "headers": _RECEIPT, "links": _LINKS,
                      "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
                                  "text/event-stream": {"schema": {"type": "string"}}}},
-               **errors(400, 401, 403, 404, 409, 502, 503)},
+               **errors(400, 401, 403, 404, 409, 502, 503, 507)},
     openapi_extra={**body(ChatCompletionRequest), "parameters": [SCENARIO_HEADER, *RECORD_HEADERS], **DATA_PLANE},
 )
 async def chat_completions(request: Request) -> Response:
@@ -148,6 +148,7 @@ async def chat_completions(request: Request) -> Response:
     body = _parse(await request.body())
     assert st.admission is not None
     st.admission.admit(scenario)
+    engine_down(st)  # after the client's own mistakes, which are 4xx even while the engine restarts
     # How the answer is delivered is not part of the request's identity: a retry of a broken stream
     # may come back as a plain request, and gets the stored answer either way.
     body_hash = sha256_json([scenario, {k: v for k, v in body.items() if k not in _DELIVERY}])
@@ -219,6 +220,13 @@ async def chat_completions(request: Request) -> Response:
     finally:
         if holding:
             st.hold.exit()
+
+
+def engine_down(st: GatewayState) -> None:
+    """503 with Retry-After while the managed engine restarts (its heads not applied yet)."""
+    if st.engine is not None and not st.engine.ready:
+        raise ReefError(503, f"the model engine is restarting ({st.engine.last_exit or 'not ready'}); retry shortly",
+                        code="engine_unavailable", headers={"Retry-After": str(st.engine.retry_after_s())})
 
 
 async def _prepend(first: list[bytes], rest: AsyncIterator[list[bytes]]) -> AsyncIterator[list[bytes]]:

@@ -243,7 +243,8 @@ _DESCRIPTIONS = {
     422: "malformed request body (the message and `param` name the field)",
     431: "request headers over `limits.max_header_bytes`",
     502: "the model server failed",
-    503: "the model server or the release machinery is unavailable",
+    503: "the model server or the release machinery is unavailable (with `Retry-After` while the engine restarts)",
+    507: "the disk holding the write-ahead log is full: nothing of the request was stored (`Retry-After`)",
 }
 # Any route may answer these: the size limits are checked before routing.
 COMMON_ERRORS = (413, 431)

@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from reef.experience.wal import WalError, WalFullError
+
 log = logging.getLogger("reef.gateway")
 
 _TYPES = {
@@ -27,15 +29,18 @@ _TYPES = {
     429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
 
 
 class ReefError(Exception):
     """Raised anywhere in a handler to answer with an OpenAI-style error."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -49,8 +54,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def from_validation(problems: Sequence[Any], status: int) -> ReefError:
@@ -98,7 +104,16 @@ def _allowed(request: Request) -> list[str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ReefError)
     async def _reef(_: Request, exc: ReefError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(WalError)
+    async def _store(_: Request, exc: WalError) -> JSONResponse:
+        # Nothing of this request was acknowledged: the client may retry it as it is.
+        if isinstance(exc, WalFullError):
+            return error_response(507, "the disk holding Reef's write-ahead log is full; nothing of this "
+                                  "request was stored", code="storage_full", headers={"Retry-After": "30"})
+        return error_response(503, "Reef's write-ahead log is unavailable; nothing of this request was stored",
+                              code="store_unavailable")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

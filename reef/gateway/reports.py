@@ -74,7 +74,7 @@ def _key(request: Request) -> ApiKey | None:
 
 
 @router.post("/reef/report", operation_id="report", dependencies=[Depends(_key)],
-             responses=errors(400, 401, 403, 404, 409, 422),
+             responses=errors(400, 401, 403, 404, 409, 422, 503, 507),
              openapi_extra={"parameters": [SCENARIO_HEADER], **DATA_PLANE})
 async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st = get_state(request)
@@ -113,5 +113,5 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st.metrics.reports.labels(scenario).inc()
     ready = st.canaries.observe(record_ids, body.score)
     if ready and st.publisher is not None:
-        await st.publisher.canary.decide(ready)
+        st.publisher.canary.schedule(ready)  # decided in the background, never inside this request
     return ReportReceipt(report_id=report_id, agent_record_ids=record_ids, duplicate=False)

@@ -20,6 +20,9 @@ _HEALTH = {"type": "object", "properties": {"status": {"type": "string"}}, "requ
                                          "content": {"application/json": {"schema": _HEALTH}}}, **errors()})
 async def healthz(request: Request) -> JSONResponse:
     st = get_state(request)
+    if st.engine is not None and not st.engine.ready:  # restarting, or its releases not applied again yet
+        return JSONResponse({"status": "engine_restarting"}, status_code=503,
+                            headers={"Retry-After": str(st.engine.retry_after_s())})
     engine_ok = await st.upstream.healthy()
     status = 200 if engine_ok else 503
     return JSONResponse({"status": "ok" if engine_ok else "engine_unhealthy"}, status_code=status)

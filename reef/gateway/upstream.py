@@ -26,7 +26,10 @@ class UpstreamError(Exception):
 
 
 def _unavailable(exc: Exception) -> ReefError:
-    return ReefError(503, f"the model server is unavailable: {exc!r}", code="engine_unavailable")
+    # A plain reason, not the aiohttp repr: clients show this message to people.
+    reason = "it timed out" if isinstance(exc, TimeoutError) else "it refused or dropped the connection"
+    return ReefError(503, f"the model server is unavailable ({reason}); retry shortly", code="engine_unavailable",
+                     headers={"Retry-After": "5"})
 
 
 class Upstream:

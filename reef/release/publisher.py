@@ -122,6 +122,16 @@ class Publisher:
                 finally:
                     self.hold.open()
 
+    async def engine_restarted(self) -> None:
+        """The engine came back empty (the base weights, no adapters): serve every head and canary
+        again before the gateway takes requests."""
+        if self.swapper is None or self.slots is None or self.base_content is None:
+            return
+        self.slots.forget()
+        self.swapper.engine_full = self.base_content
+        await self.apply_heads()
+        await self.canary.reload()
+
     def _new_scenario(self, scenario: str) -> None:
         """A request for a scenario nobody released to: give it a chain whose r0 is the base."""
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(
@@ -214,7 +224,7 @@ class Publisher:
                 except BaseException:
                     await undo()
                     raise
-                self.canary.finish(scenario, "aborted", f"superseded by {release.release_id}")
+                self.canary.superseded(scenario, release)
                 self.routes.set(scenario, Route(model, release.release_id, content_id, kind))
             finally:
                 self.hold.open()

@@ -40,8 +40,10 @@ class CanaryConfig(_Strict):
     fraction: float = Field(default=0.1, gt=0, lt=1, description="share of the scenario's requests")
     min_reports: int = Field(default=30, ge=1, description="reports per arm before deciding")
     tolerance: float = Field(
-        default=0.0, ge=0, description="promote when candidate mean reward >= head mean - tolerance, else abort"
+        default=0.0, ge=0,
+        description="promote when the interval of candidate minus head mean reward lies above -tolerance, else abort",
     )
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of that interval (Welch, normal)")
 
 
 class RecipeSpec(_Strict):
