@@ -9,7 +9,11 @@ import errno
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
@@ -50,6 +54,22 @@ def append_line(path: Path, line: bytes, *, fsync: bool = True) -> None:
     _write(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, line, fsync)
     if created and fsync:
         fsync_path(path.parent)
+
+
+def read_log(path: Path, parse: Callable[[bytes], T]) -> list[T]:
+    """The entries of a log written by `append_line`, parsed; [] if it does not exist yet. A line
+    that does not parse (a torn last line: never acknowledged) is skipped."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(parse(line))
+        except ValueError:
+            continue
+    return out
 
 
 def _write(path: Path, flags: int, data: bytes, fsync: bool) -> None:

@@ -28,7 +28,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.durable import append_line
+from reef.durable import append_line, read_log
 from reef.experience import shards
 from reef.release.schema import utcnow
 from reef.scenario.schema import CanaryConfig
@@ -146,15 +146,7 @@ class CanaryLog:
     def canaries(self) -> list[Canary]:
         """Every canary of the scenario, oldest first, as of its latest event."""
         found: dict[str, Canary] = {}
-        try:
-            lines = self.path.read_bytes().splitlines()
-        except FileNotFoundError:
-            return []
-        for line in lines:
-            try:
-                ev = CanaryEvent.model_validate_json(line)
-            except ValueError:
-                continue  # a torn last line: never acknowledged
+        for ev in read_log(self.path, CanaryEvent.model_validate_json):
             canary = found.get(ev.canary_id)
             if canary is None and ev.canary is not None:
                 canary = found[ev.canary_id] = Canary.model_validate({**ev.canary, "arms": _arms()})

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.durable import append_line, replace_atomically
+from reef.durable import append_line, read_log, replace_atomically
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
 from reef.statemachine import IllegalTransitionError, Transitions
@@ -163,17 +163,7 @@ class CandidateRegistry:
     # --- reading ------------------------------------------------------------------------------
 
     def events(self) -> list[CandidateEvent]:
-        try:
-            lines = self.path.read_bytes().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(CandidateEvent.model_validate_json(line))
-            except ValueError:
-                continue  # a torn last line: never acknowledged
-        return out
+        return read_log(self.path, CandidateEvent.model_validate_json)
 
     def list(self) -> list[CandidateView]:
         """Every candidate, newest first."""
