@@ -71,9 +71,12 @@ class ReefClient:
     # --- admin --------------------------------------------------------------------------------
 
     def release(self, scenario: str, candidate: str, expected_parent: str,
-                approved_by: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/reef/scenarios/{scenario}/releases", json={
-            "candidate": candidate, "expected_parent": expected_parent, "approved_by": approved_by})
+                approved_by: str | None = None, harness: str | None = None) -> dict[str, Any]:
+        """Release a candidate; `harness` (a harness candidate) binds it to weights in one composite release."""
+        body = {"candidate": candidate, "expected_parent": expected_parent, "approved_by": approved_by}
+        if harness is not None:
+            body["harness"] = harness
+        return self._call("POST", f"/reef/scenarios/{scenario}/releases", json=body)
 
     def rollback(self, scenario: str, release_id: str, expected_parent: str,
                  approved_by: str | None = None) -> dict[str, Any]:

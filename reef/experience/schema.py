@@ -79,6 +79,8 @@ class Record(BaseModel):
     @classmethod
     def _before_the_column(cls, value: Any) -> Any:
         return True if value is None else value  # shards from before it: always vLLM, always ids
+    # The harness content id the gateway applied (null: none; shards from before the column read null).
+    harness_id: str | None = None
     input_tokens: int = Field(default=0, alias="gen_ai.usage.input_tokens")
     output_tokens: int = Field(default=0, alias="gen_ai.usage.output_tokens")
     latency_ms: float = 0.0
@@ -151,6 +153,7 @@ RECORD_FEATURES = datasets.Features(
         "gen_ai.response.finish_reasons": datasets.List(datasets.Value("string")),
         "prompt_token_ids": datasets.List(datasets.Value("int32")),
         "has_token_ids": datasets.Value("bool"),
+        "harness_id": datasets.Value("string"),
         "gen_ai.usage.input_tokens": datasets.Value("int64"),
         "gen_ai.usage.output_tokens": datasets.Value("int64"),
         "latency_ms": datasets.Value("float64"),

@@ -27,6 +27,7 @@ from reef.gateway.contract import (
     parse_chat,
 )
 from reef.gateway.errors import ReefError
+from reef.gateway.harness import served_body
 from reef.gateway.recorder import (
     ClientWants,
     Exchange,
@@ -56,8 +57,8 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _json(payload: dict[str, Any], record_id: str, replayed: bool = False) -> Response:
-    headers = {h.RECORD_ID: record_id}
+def _json(payload: dict[str, Any], record_id: str, release_id: str, replayed: bool = False) -> Response:
+    headers = {h.RECORD_ID: record_id, h.RELEASE_ID: release_id}
     if replayed:
         headers[h.REPLAYED] = "true"
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
@@ -76,15 +77,15 @@ def _receipt(record_id: str, completion_id: str, model: str) -> bytes:
     })
 
 
-def _stream_headers(record_id: str) -> dict[str, str]:
-    return {h.RECORD_ID: record_id, "cache-control": "no-cache", "x-accel-buffering": "no"}
+def _stream_headers(record_id: str, release_id: str) -> dict[str, str]:
+    return {h.RECORD_ID: record_id, h.RELEASE_ID: release_id, "cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 async def _replay(record: Record, stream: bool) -> Response:
     """Answer a retry from the stored response, without calling the model again."""
     stored = orjson.loads(record.response_json)
     if not stream:
-        return _json(stored, record.record_id, replayed=True)
+        return _json(stored, record.record_id, record.release_id, replayed=True)
 
     async def events() -> AsyncIterator[bytes]:
         base = {"id": stored.get("id", ""), "object": "chat.completion.chunk",
@@ -100,7 +101,7 @@ async def _replay(record: Record, stream: bool) -> Response:
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={**_stream_headers(record.record_id), h.REPLAYED: "true"})
+                             headers={**_stream_headers(record.record_id, record.release_id), h.REPLAYED: "true"})
 
 
 async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: str) -> Record | None:
@@ -122,7 +123,9 @@ async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: 
     return record
 
 
-_RECEIPT = {"x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}}}
+_RECEIPT = {"x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}},
+            "x-reef-release-id": {"description": "the release (weights and harness) that answered",
+                                  "schema": {"type": "string"}}}
 _LINKS = {  # the stateful fuzzing phase follows these from a chat call to its record and reports
     "GetRecord": {"operationId": "get_record", "parameters": {"record_id": "$response.header.x-reef-agent-record-id"}},
     "Report": {"operationId": "report", "requestBody": {"agent_record_id": "$response.header.x-reef-agent-record-id",
@@ -179,15 +182,16 @@ async def chat_completions(request: Request) -> Response:
         if upstream_model.startswith(ADAPTER_PREFIX) and upstream_model != pick.model:
             raise ReefError(404, f"model {client_model!r} is a release adapter; ask for {st.config.model_name!r}",
                             param="model", code="model_not_found")
+        harness_id, sent = served_body(st, scenario, pick.harness_id, body)
         exchange = Exchange(
             record_id=record_id, scenario=scenario, session_id=session_id, release_id=pick.release_id,
             created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
             tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
-            has_token_ids=st.upstream.token_ids,
+            has_token_ids=st.upstream.token_ids, harness_id=harness_id, sent_messages=sent["messages"],
         )
         if pick.arm is not None:
             st.canaries.assign(record_id, scenario, pick.arm)
-        up_body, wants = upstream_request(body, upstream_model, st.upstream.token_ids)
+        up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids)
 
         st.inflight.begin(record_id, scenario, body_hash)
         try:
@@ -198,7 +202,8 @@ async def chat_completions(request: Request) -> Response:
                 st.hold.exit()
                 holding = False
                 relay = _relay(st, exchange, _prepend(first, batches), wants, started)
-                return StreamingResponse(relay, media_type="text/event-stream", headers=_stream_headers(record_id))
+                return StreamingResponse(relay, media_type="text/event-stream",
+                                         headers=_stream_headers(record_id, pick.release_id))
             upstream_response = await st.upstream.chat(up_body)
             st.hold.exit()
             holding = False
@@ -207,7 +212,7 @@ async def chat_completions(request: Request) -> Response:
             assert client_response is not None
             await _commit(st, build_record(exchange, upstream_response, client_response))
             st.metrics.latency.labels(scenario).observe(time.perf_counter() - started)
-            return _json(client_response, record_id)
+            return _json(client_response, record_id, pick.release_id)
         except UpstreamError as exc:
             st.inflight.finish(record_id, False)
             st.metrics.requests.labels(scenario, str(exc.status)).inc()

@@ -16,6 +16,7 @@ SESSION = "x-reef-session"
 TAG_PREFIX = "x-reef-tag-"
 REPLAYED = "x-reef-replayed"
 ERROR_SOURCE = "x-reef-error-source"
+RELEASE_ID = "x-reef-release-id"  # the release whose weights and harness answered
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 

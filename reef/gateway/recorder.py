@@ -186,13 +186,17 @@ class Exchange:
     latency_ms: float
     ttft_ms: float | None
     has_token_ids: bool = True
+    harness_id: str | None = None
+    # What the model was sent when a harness was applied; the client's own messages are in `body`.
+    sent_messages: list[dict[str, Any]] | None = None
 
 
 def build_record(ex: Exchange, upstream_response: dict[str, Any], client_response: dict[str, Any]) -> Record:
     messages = ex.body.get("messages") or []
+    sent = ex.sent_messages if ex.sent_messages is not None else messages
     raw_choices = upstream_response.get("choices") or []
     choices = [_choice(c) for c in raw_choices]
-    parsed_messages = [_message(m) for m in messages]
+    parsed_messages = [_message(m) for m in sent]  # what the model saw, as its prompt token ids do
     usage = upstream_response.get("usage") or {}
     params = {k: v for k, v in ex.body.items() if k != "messages"}
     return Record(
@@ -215,6 +219,7 @@ def build_record(ex: Exchange, upstream_response: dict[str, Any], client_respons
         finish_reasons=[c.finish_reason or "" for c in choices],
         prompt_token_ids=upstream_response.get("prompt_token_ids") or [],
         has_token_ids=ex.has_token_ids,
+        harness_id=ex.harness_id,
         input_tokens=int(usage.get("prompt_tokens") or 0),
         output_tokens=int(usage.get("completion_tokens") or 0),
         latency_ms=ex.latency_ms,
@@ -222,6 +227,7 @@ def build_record(ex: Exchange, upstream_response: dict[str, Any], client_respons
         tags=[Tag(name=k, value=v) for k, v in sorted(ex.tags.items())],
         content_hash=record_content_hash(ex.scenario, parsed_messages, choices),
         body_hash=ex.body_hash,
+        # The client's messages: its next request extends those, not the harness's.
         reply_hashes=reply_hashes(messages, [c.get("message") or {} for c in raw_choices]),
         request_json=orjson.dumps(ex.body).decode(),
         response_json=orjson.dumps(client_response).decode(),

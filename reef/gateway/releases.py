@@ -30,9 +30,11 @@ _ADMIN_SWAP_ERRORS = errors(400, 401, 403, 404, 409, 422, 502, 503)
 
 class ReleaseIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    candidate: str = Field(min_length=8)
+    candidate: str = Field(min_length=8, description="a weights or harness candidate")
     expected_parent: str
     approved_by: str | None = None
+    harness: str | None = Field(default=None, min_length=8,
+                                description="a harness candidate released together with `candidate` (composite)")
 
 
 class RollbackIn(BaseModel):
@@ -105,7 +107,8 @@ async def list_releases(scenario: str, request: Request) -> dict[str, Any]:
 async def release(scenario: str, body: ReleaseIn, request: Request) -> dict[str, Any]:
     publisher = _publisher(_admin(request))
     return await _swap(publisher, scenario, publisher.release(_scenario(scenario), body.candidate, body.expected_parent,
-                                                              approved_by=body.approved_by or "admin"))
+                                                              approved_by=body.approved_by or "admin",
+                                                              harness=body.harness))
 
 
 @router.post("/reef/scenarios/{scenario}/rollback", status_code=201, responses=_ADMIN_SWAP_ERRORS, openapi_extra=ADMIN)

@@ -12,13 +12,14 @@ Every transition is persisted (reef.release.canary.CanaryLog) before it takes ef
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
 from reef.release.canary import Canaries, Canary, CanaryLog, CanaryState, recount
 from reef.release.candidates import CandidateRegistry
 from reef.release.chain import NotSelectedError, ReleaseError
-from reef.release.routing import CanarySplit, Route
+from reef.release.routing import CanarySplit
 from reef.release.schema import Release
 from reef.release.swap import EngineConflictError
 
@@ -126,14 +127,14 @@ class CanaryController:
         routes = self.publisher.routes
         route = routes.serving().get(scenario)
         if route is not None and route.canary is not None:
-            routes.set(scenario, Route(route.model, route.release_id, route.content_id, route.kind))
+            routes.set(scenario, dataclasses.replace(route, canary=None))
         return self.canaries.end(scenario)
 
     def _split(self, canary: Canary, model: str) -> None:
         routes = self.publisher.routes
         route = routes.for_scenario(canary.scenario)
         split = CanarySplit(canary.candidate_id, model, canary.label, canary.fraction)
-        routes.set(canary.scenario, Route(route.model, route.release_id, route.content_id, route.kind, split))
+        routes.set(canary.scenario, dataclasses.replace(route, canary=split))  # the head's harness stays
 
     # --- restart ----------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ place and the file is its own audit log. Every append is checked against the tab
 released or rejected by a person a candidate stays so (a late gate result cannot select it again).
 
 Registering imports the candidate folder into the content-addressed artifact
-store; the candidate id is the artifact's content id, so registering the same weights twice is one
-candidate.
+store; the candidate id is the artifact's content id, so registering the same weights (or harness
+tree) twice is one candidate.
 """
 
 from __future__ import annotations
@@ -209,13 +209,18 @@ class CandidateRegistry:
     # --- writing ------------------------------------------------------------------------------
 
     def register(self, candidate_dir: Path | str, artifacts: ArtifactStore | None = None) -> CandidateView:
-        """Import a recipe's candidate folder; the existing view when these weights are registered."""
+        """Import a recipe's candidate folder (weights, or a harness tree when its candidate.json says
+        kind "harness"); the existing view when this content is registered."""
         src = Path(candidate_dir)
         meta = json.loads((src / "candidate.json").read_text()) if (src / "candidate.json").is_file() else {}
         if meta.get("scenario") not in (None, self.scenario):
             raise CandidateError(f"{src} is a candidate for {meta['scenario']}, not {self.scenario}")
         store = artifacts or ArtifactStore.for_data_dir(self.data_dir)
-        manifest = store.import_candidate(src)
+        if meta.get("kind") == "harness":
+            lineage = ReleaseLineage.model_validate(meta["lineage"]) if meta.get("lineage") else None
+            manifest = store.import_harness(src, lineage=lineage)
+        else:
+            manifest = store.import_candidate(src)
         with self._locked():
             for view in self.list():
                 if view.candidate_id == manifest.content_id:

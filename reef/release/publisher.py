@@ -2,6 +2,7 @@
 proves it serves, moves the chain's head, and switches the scenario's route, in that order.
 
     release(s, candidate, expected_parent)   a gate-selected candidate becomes s@r<n+1>
+    release(..., harness=h)                  weights and a harness candidate in one step (composite)
     rollback(s, release_id, expected_parent) an older release's content serves again, as s@r<n+1>
     apply_heads()                            serve each scenario's head (at start, after an engine restart)
 
@@ -42,6 +43,10 @@ from reef.release.swap import EngineConflictError, SwapFailedError, Swapper, Und
 log = logging.getLogger("reef.release")
 
 __all__ = ["EngineConflictError", "NotSelectedError", "Publisher", "StaleGateError", "SwapFailedError"]
+
+
+async def _nothing() -> None:
+    pass
 
 
 class Publisher:
@@ -108,12 +113,14 @@ class Publisher:
             head = chain.head()
             assert head is not None
             if head.content_id == self.base_content:
-                self.routes.set(scenario, Route(self.config.model_name, head.release_id, head.content_id, "full"))
+                self.routes.set(scenario, Route(self.config.model_name, head.release_id, head.content_id, "full",
+                                                harness_id=head.harness_id))
                 continue
             async with self.lock:
                 try:
                     model, _ = await self._load(scenario, head.content_id, head.kind)
-                    self.routes.set(scenario, Route(model, head.release_id, head.content_id, head.kind))
+                    self.routes.set(scenario, Route(model, head.release_id, head.content_id, head.kind,
+                                                    harness_id=head.harness_id))
                     self.swapped_at[scenario] = time.time()
                 except ReleaseError as exc:
                     self.errors[scenario] = f"could not serve head {head.release_id}: {exc}"
@@ -158,43 +165,67 @@ class Publisher:
     # --- operations ----------------------------------------------------------------------------
 
     async def release(self, scenario: str, candidate_id: str, expected_parent: str,
-                      approved_by: str | None = None, operation: str = "train") -> tuple[Release, dict[str, Any]]:
+                      approved_by: str | None = None, operation: str = "train",
+                      harness: str | None = None) -> tuple[Release, dict[str, Any]]:
+        """Release a gate-selected candidate: weights (the head's harness stays), a harness (the head's
+        weights stay), or, with `harness`, weights and a harness together in one step (composite)."""
         registry = CandidateRegistry(self.data_dir, scenario)
-        view = registry.get(candidate_id)  # CandidateNotFoundError before anything else
+        first = registry.get(candidate_id)  # CandidateNotFoundError before anything else
+        second = registry.get(harness) if harness else None
+        if first.kind == "harness" and second is not None:
+            raise ReleaseError("a composite release binds a weights candidate and a harness candidate; "
+                               f"{first.candidate_id[:12]} is a harness")
+        if second is not None and second.kind != "harness":
+            raise ReleaseError(f"harness {second.candidate_id[:12]} is a {second.kind} candidate, not a harness")
+        ids = [v.candidate_id for v in (first, second) if v is not None]
+        views: dict[str, CandidateView] = {}
 
         def selected() -> None:  # under the publisher's lock, after the head check
-            nonlocal view
-            view = registry.get(candidate_id)
-            if view.status != "selected":
-                reason = f": {view.gate.reason}" if view.gate and view.status == "rejected" else ""
-                raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}{reason}; only a "
-                                       "candidate the gate selected can be released")
-            assert view.gate is not None and view.gate.head_release_id is not None
-            # Better than what it replaces: the gate must have compared it with what serves now. A
-            # promote is decided by the canary's live comparison with the head instead.
             chain = self.chain(scenario)
-            gated_against = chain.get(view.gate.head_release_id).content_id
             head = chain.head()
-            if operation != "promote" and head is not None and gated_against != head.content_id:
-                raise StaleGateError(f"candidate {view.candidate_id[:12]} was gated against "
-                                     f"{view.gate.head_release_id}, but {head.release_id} serves other content "
-                                     "now: gate it again (reef gate, or reef.release.gate.evaluate_candidate)")
+            for cid in ids:
+                view = views[cid] = registry.get(cid)
+                if view.status != "selected":
+                    reason = f": {view.gate.reason}" if view.gate and view.status == "rejected" else ""
+                    raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}{reason}; only a "
+                                           "candidate the gate selected can be released")
+                assert view.gate is not None and view.gate.head_release_id is not None
+                # Better than what it replaces: the gate must have compared it with what serves now
+                # (weights and harness). A promote is decided by the canary's live comparison instead.
+                gated_against = chain.get(view.gate.head_release_id).serves()
+                if operation != "promote" and head is not None and gated_against != head.serves():
+                    raise StaleGateError(f"candidate {view.candidate_id[:12]} was gated against "
+                                         f"{view.gate.head_release_id}, but {head.release_id} serves other content "
+                                         "now: gate it again (reef gate, or reef.release.gate.evaluate_candidate)")
 
         def commit(chain: ReleaseChain) -> Release:
-            assert view.gate is not None
-            evaluation = view.gate.summary()
+            parent = chain.get(expected_parent)
+            chosen = [views[cid] for cid in ids]
+            weights = next((v for v in chosen if v.kind != "harness"), None)
+            tree = next((v for v in chosen if v.kind == "harness"), None)
+            assert all(v.gate is not None for v in chosen)
+            evaluation = (weights or tree).gate.summary()  # type: ignore[union-attr]
+            if weights is not None and tree is not None:
+                evaluation["harness"] = tree.gate.summary()  # type: ignore[union-attr]
             if operation == "promote" and self.canary.describe(scenario):
                 evaluation["canary"] = self.canary.describe(scenario)
-            return chain.publish(expected_parent, view.candidate_id, view.kind, operation,  # type: ignore[arg-type]
-                                 evaluation=evaluation, approved_by=approved_by, lineage=view.lineage)
+            return chain.publish(
+                expected_parent, weights.candidate_id if weights else parent.content_id,
+                weights.kind if weights else parent.kind, operation,  # type: ignore[arg-type]
+                evaluation=evaluation, approved_by=approved_by,
+                lineage=weights.lineage if weights else parent.lineage,
+                harness_id=tree.candidate_id if tree else parent.harness_id,
+                harness_lineage=tree.lineage if tree else parent.harness_lineage)
 
-        release, swap = await self._publish(scenario, view.candidate_id, view.kind, expected_parent, commit,
-                                            selected)
-        try:
-            await asyncio.to_thread(registry.mark_released, view.candidate_id, release.release_id, approved_by)
-        except CandidateStateError as exc:  # a person rejected it during the swap: the chain is the truth
-            log.warning("%s: %s serves, but its candidate could not be marked released: %s", scenario,
-                        release.release_id, exc)
+        # A harness alone keeps the head's weights: None tells _publish to load nothing new.
+        content, kind = (None, None) if first.kind == "harness" else (first.candidate_id, first.kind)
+        release, swap = await self._publish(scenario, content, kind, expected_parent, commit, selected)
+        for cid in ids:
+            try:
+                await asyncio.to_thread(registry.mark_released, cid, release.release_id, approved_by)
+            except CandidateStateError as exc:  # a person rejected it during the swap: the chain is the truth
+                log.warning("%s: %s serves, but its candidate could not be marked released: %s", scenario,
+                            release.release_id, exc)
         return release, swap
 
     async def rollback(self, scenario: str, release_id: str, expected_parent: str,
@@ -206,9 +237,10 @@ class Publisher:
 
         return await self._publish(scenario, target.content_id, target.kind, expected_parent, commit)
 
-    async def _publish(self, scenario: str, content_id: str, kind: str, expected_parent: str,
+    async def _publish(self, scenario: str, content_id: str | None, kind: str | None, expected_parent: str,
                        commit: Callable[[ReleaseChain], Release],
                        check: Callable[[], None] | None = None) -> tuple[Release, dict[str, Any]]:
+        """Load `content_id` (None: the head's weights stay), commit, switch the route."""
         chain = self.chain(scenario)
         async with self.lock:
             head = chain.head()
@@ -216,16 +248,23 @@ class Publisher:
                 raise HeadMovedError(scenario, expected_parent, head.release_id if head else None)
             if check is not None:
                 check()
+            if content_id is None or kind is None:
+                content_id, kind = head.content_id, head.kind
             started = time.perf_counter()
+            current = self.routes.for_scenario(scenario)
             try:
-                model, undo = await self._load(scenario, content_id, kind)
+                if (content_id, kind) == (current.content_id, current.kind):  # a harness change: no swap
+                    model, undo = current.model, _nothing
+                else:
+                    model, undo = await self._load(scenario, content_id, kind)
                 try:
                     release = await asyncio.to_thread(commit, chain)
                 except BaseException:
                     await undo()
                     raise
                 self.canary.superseded(scenario, release)
-                self.routes.set(scenario, Route(model, release.release_id, content_id, kind))
+                self.routes.set(scenario, Route(model, release.release_id, content_id, kind,
+                                                harness_id=release.harness_id))
             finally:
                 self.hold.open()
             ms = (time.perf_counter() - started) * 1000

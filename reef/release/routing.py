@@ -30,6 +30,7 @@ class Route:
     content_id: str | None = None
     kind: ReleaseKind = "full"
     canary: CanarySplit | None = None
+    harness_id: str | None = None  # the release's harness; a canary's arms share it
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Pick:
     model: str
     release_id: str
     arm: str | None  # "candidate" | "head" while a canary runs, else None
+    harness_id: str | None = None
 
 
 class Routes:
@@ -60,10 +62,10 @@ class Routes:
         route = self.for_scenario(scenario)
         split = route.canary
         if split is None:
-            return Pick(route.model, route.release_id, None)
+            return Pick(route.model, route.release_id, None, route.harness_id)
         if self._rng.random() < split.fraction:
-            return Pick(split.model, split.label, "candidate")
-        return Pick(route.model, route.release_id, "head")
+            return Pick(split.model, split.label, "candidate", route.harness_id)
+        return Pick(route.model, route.release_id, "head", route.harness_id)
 
     def set(self, scenario: str, route: Route) -> None:
         self._routes[scenario] = route  # one dict store: requests see the old route or the new one

@@ -118,3 +118,11 @@ class Release(BaseModel):
     created_at: datetime
     lineage: ReleaseLineage | None = None
     restores: str | None = None
+    # The harness (prompts, rules, skills) served with the weights: a harness release changes only
+    # this, a composite release both in one step. None: no harness (chains from before it).
+    harness_id: str | None = Field(default=None, pattern=CONTENT_ID_PATTERN)
+    harness_lineage: ReleaseLineage | None = None
+
+    def serves(self) -> tuple[str, str | None]:
+        """What a request on this release is answered with: (weights content id, harness content id)."""
+        return self.content_id, self.harness_id

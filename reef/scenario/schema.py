@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Policy = Literal["auto", "approval"]
+Inject = Literal["system_prepend", "system_replace", "off"]
 StalePolicy = Literal["drop", "downweight"]
 
 
@@ -44,6 +45,14 @@ class CanaryConfig(_Strict):
         description="promote when the interval of candidate minus head mean reward lies above -tolerance, else abort",
     )
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of that interval (Welch, normal)")
+
+
+class HarnessSpec(_Strict):
+    """How the gateway applies the scenario's served harness (the head release's) to chat requests."""
+
+    inject: Inject = Field(
+        default="off", description="system_prepend: before the client's system prompt; system_replace: instead "
+        "of it; off: clients fetch it themselves (GET /reef/harness)")
 
 
 class RecipeSpec(_Strict):
@@ -104,6 +113,7 @@ class Scenario(_Strict):
     description: str | None = None
     policy: Policy | None = Field(default=None, description="auto | approval; unset: release.policy")
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    harness: HarnessSpec = Field(default_factory=HarnessSpec)
     recipe: str | RecipeSpec | None = Field(
         default=None, description="a name in `recipes:`, a built-in recipe, module:Class, or an inline spec"
     )

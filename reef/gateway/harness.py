@@ -1,0 +1,67 @@
+"""The served harness: applied to chat requests (`harness.inject`) and fetched by clients.
+
+    GET /reef/harness?scenario=S[&release_id=R]   the manifest and every file of R's harness (default: the head's)
+
+Server-side injection uses the route a request picked, so a request runs on one release's weights
+and harness together, and its record says which harness (`harness_id`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from reef.gateway.contract import errors
+from reef.gateway.errors import ReefError
+from reef.gateway.state import GatewayState, get_state
+from reef.release.artifacts import ArtifactError, ArtifactStore
+from reef.release.chain import ReleaseNotFoundError
+from reef.release.harness import Harness, inject, load_harness
+from reef.release.schema import SCENARIO_RE
+
+router = APIRouter()
+
+
+def _store(st: GatewayState) -> ArtifactStore:
+    return st.publisher.store if st.publisher is not None else ArtifactStore.for_data_dir(st.config.data_dir)
+
+
+def _harness(st: GatewayState, harness_id: str) -> Harness:
+    try:
+        return load_harness(_store(st), harness_id)
+    except ArtifactError as exc:  # a corrupt or missing harness never serves silently as "none"
+        raise ReefError(503, f"harness {harness_id[:12]} cannot be served: {exc}", code="harness_unavailable") from exc
+
+
+def served_body(st: GatewayState, scenario: str, harness_id: str | None,
+                body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(the harness applied, the body sent upstream): the client's body when the scenario injects nothing."""
+    if harness_id is None:
+        return None, body
+    mode = st.config.scenario(scenario).harness.inject
+    if mode == "off":
+        return None, body
+    return harness_id, {**body, "messages": inject(body["messages"], _harness(st, harness_id), mode)}
+
+
+@router.get("/reef/harness", responses=errors(404, 422, 503))
+async def get_harness(request: Request, scenario: str = Query(pattern=SCENARIO_RE.pattern),
+                      release_id: str | None = None) -> dict[str, Any]:
+    st = get_state(request)
+    if st.publisher is None or st.publisher.disabled:
+        raise ReefError(503, "releases are not available on this server", code="releases_unavailable")
+    chain = st.publisher.chain(scenario)
+    try:
+        release = chain.get(release_id) if release_id else chain.head()
+    except ReleaseNotFoundError as exc:
+        raise ReefError(404, str(exc), param="release_id", code="not_found") from exc
+    assert release is not None  # chain() made r0
+    out: dict[str, Any] = {"scenario": scenario, "release_id": release.release_id, "harness_id": release.harness_id,
+                           "inject": st.config.scenario(scenario).harness.inject, "manifest": None, "files": {},
+                           "system_prompt": ""}
+    if release.harness_id is not None:
+        harness = _harness(st, release.harness_id)
+        out.update(manifest=_store(st).get(release.harness_id).model_dump(mode="json"), files=harness.files,
+                   system_prompt=harness.system_prompt())
+    return out
