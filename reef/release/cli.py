@@ -157,11 +157,12 @@ def _lineage(args: argparse.Namespace) -> int:
     rows = []
     for r in releases:
         lin = r.lineage
-        rows.append([r.release_id, r.operation, r.content_id[:12], (lin.recipe or "").split(":")[-1] if lin else "",
+        rows.append([r.release_id, r.operation, r.content_id[:12], (r.harness_id or "")[:12],
+                     (lin.recipe or "").split(":")[-1] if lin else "",
                      (lin.snapshot_id or "") if lin else "", (lin.parent_release or "") if lin else "",
                      (lin.code_commit or "")[:12] if lin else ""])
     _print(args, [r.model_dump(mode="json") for r in releases], rows,
-           ["release", "operation", "content", "recipe", "snapshot", "trained on traffic of", "code"],
+           ["release", "operation", "content", "harness", "recipe", "snapshot", "trained on traffic of", "code"],
            f"lineage of {args.release} (--json for params and versions)")
     return 0
 
