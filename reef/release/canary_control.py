@@ -58,6 +58,7 @@ class CanaryController:
             canary = self.canaries.new(scenario, view.candidate_id, route.release_id,
                                        pub.config.scenario(scenario).canary, fraction)
             await asyncio.to_thread(self.log(scenario).append, canary, "running")
+            self.canaries.run(canary)
             self._split(canary, model)
         return canary
 
