@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from reef.gateway import chat, harness, models, records, releases, reports, status
+from reef.gateway import chat, harness, install, models, records, releases, reports, status
 from reef.gateway.admission import ScenarioAdmission
 from reef.gateway.contract import install_openapi
 from reef.gateway.errors import install_error_handlers
@@ -21,6 +21,6 @@ def create_app(state: GatewayState) -> FastAPI:
     app.add_middleware(SizeLimits, max_body_bytes=limits.max_body_bytes, max_header_bytes=limits.max_header_bytes)
     install_error_handlers(app)
     install_openapi(app, api_keys=bool(state.config.api_keys))
-    for module in (chat, harness, models, reports, records, releases, status):
+    for module in (chat, harness, install, models, reports, records, releases, status):
         app.include_router(module.router)
     return app

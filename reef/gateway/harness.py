@@ -8,6 +8,7 @@ and harness together, and its record says which harness (`harness_id`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -16,9 +17,9 @@ from reef.gateway.contract import errors
 from reef.gateway.errors import ReefError
 from reef.gateway.state import GatewayState, get_state
 from reef.release.artifacts import ArtifactError, ArtifactStore
-from reef.release.chain import ReleaseNotFoundError
+from reef.release.chain import CHAIN_FILE, ReleaseNotFoundError
 from reef.release.harness import Harness, inject, load_harness
-from reef.release.schema import SCENARIO_RE
+from reef.release.schema import SCENARIO_RE, Release
 
 router = APIRouter()
 
@@ -45,22 +46,40 @@ def served_body(st: GatewayState, scenario: str, harness_id: str | None,
     return harness_id, {**body, "messages": inject(body["messages"], _harness(st, harness_id), mode)}
 
 
+def _release(st: GatewayState, scenario: str, release_id: str | None) -> Release | None:
+    """The release (default: the head); None for a scenario nobody released to (its r0 is the base,
+    with no harness): a GET never creates a chain."""
+    if st.publisher is None or st.publisher.disabled:
+        raise ReefError(503, "releases are not available on this server", code="releases_unavailable")
+    if not (Path(st.config.data_dir) / "releases" / scenario / CHAIN_FILE).is_file():
+        if release_id in (None, f"{scenario}@r0"):
+            return None
+        raise ReefError(404, f"no release {release_id} in scenario {scenario}", param="release_id", code="not_found")
+    chain = st.publisher.chain(scenario)
+    try:
+        return chain.get(release_id) if release_id else chain.head()
+    except ReleaseNotFoundError as exc:
+        raise ReefError(404, str(exc), param="release_id", code="not_found") from exc
+
+
+def current_harness(st: GatewayState, scenario: str) -> tuple[str, dict[str, str]]:
+    """(the head release, its harness files): what an agent installed now should be sent with."""
+    head = _release(st, scenario, None) if st.publisher is not None and not st.publisher.disabled else None
+    if head is None:
+        return f"{scenario}@r0", {}
+    return head.release_id, _harness(st, head.harness_id).files if head.harness_id else {}
+
+
 @router.get("/reef/harness", responses=errors(404, 422, 503))
 async def get_harness(request: Request, scenario: str = Query(pattern=SCENARIO_RE.pattern),
                       release_id: str | None = None) -> dict[str, Any]:
     st = get_state(request)
-    if st.publisher is None or st.publisher.disabled:
-        raise ReefError(503, "releases are not available on this server", code="releases_unavailable")
-    chain = st.publisher.chain(scenario)
-    try:
-        release = chain.get(release_id) if release_id else chain.head()
-    except ReleaseNotFoundError as exc:
-        raise ReefError(404, str(exc), param="release_id", code="not_found") from exc
-    assert release is not None  # chain() made r0
-    out: dict[str, Any] = {"scenario": scenario, "release_id": release.release_id, "harness_id": release.harness_id,
+    release = _release(st, scenario, release_id)
+    out: dict[str, Any] = {"scenario": scenario, "release_id": release.release_id if release else f"{scenario}@r0",
+                           "harness_id": release.harness_id if release else None,
                            "inject": st.config.scenario(scenario).harness.inject, "manifest": None, "files": {},
                            "system_prompt": ""}
-    if release.harness_id is not None:
+    if release is not None and release.harness_id is not None:
         harness = _harness(st, release.harness_id)
         out.update(manifest=_store(st).get(release.harness_id).model_dump(mode="json"), files=harness.files,
                    system_prompt=harness.system_prompt())
