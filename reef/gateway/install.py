@@ -215,10 +215,10 @@ async def install(request: Request, adapter: str = Query(description="pi | opena
     st = get_state(request)
     url = base_url(request)
     if adapter == "openai":
-        return PlainTextResponse(_openai_env(url, scenario), media_type="text/x-shellscript")
+        return PlainTextResponse(_openai_env(url, scenario))
     release_id, files = current_harness(st, scenario)
     install_url = f"{url}/reef/harness/install?adapter=pi&scenario={scenario}"
     script = _pi_script(url, scenario, st.config.model_name, st.config.engine.max_model_len, files, release_id,
                         install_url)
-    return PlainTextResponse(script, media_type="text/x-shellscript")
+    return PlainTextResponse(script)  # text/plain: what curl | sh and a browser both take
 
