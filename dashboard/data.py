@@ -345,18 +345,22 @@ def harness_diff(data_dir: Path, old_content: str, new_content: str) -> str:
 # --- learner and pipeline ------------------------------------------------------------------------
 
 
-def learner_rounds(data_dir: Path, limit: int = 20) -> list[dict[str, Any]]:
-    """The learner's latest rounds (`<data_dir>/learner/rounds.jsonl`), newest first."""
+def learner_rounds(data_dir: Path, limit: int = 20, scenario: str | None = None) -> list[dict[str, Any]]:
+    """The learner's latest rounds (`<data_dir>/learner/rounds.jsonl`), newest first; of one scenario if given."""
     path = data_dir / "learner" / "rounds.jsonl"
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text().splitlines()[-limit:]:
+    for line in reversed(path.read_text().splitlines()):
         try:
-            out.append(json.loads(line))
+            entry = json.loads(line)
         except ValueError:
             continue
-    return out[::-1]
+        if scenario is None or entry.get("scenario") == scenario:
+            out.append(entry)
+        if len(out) >= limit:
+            break
+    return out
 
 
 def dvc_stages(data_dir: Path) -> dict[str, Any]:

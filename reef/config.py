@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from reef.scenario.schema import Policy, RecipeSpec, Scenario
 
 DEFAULT_CONFIG_FILE = Path("serve.yaml")
+# The config file a process resolves when none is given (before ./serve.yaml): the learner sets it
+# for its round processes, so they see the scenarios of the server's `-c FILE`.
+CONFIG_FILE_ENV = "REEF_CONFIG"
 ENV_PREFIX = "REEF_"
 DEFAULT_TINY_MODEL = Path("data/models/tiny")
 
@@ -62,12 +65,22 @@ class StoreConfig(_Strict):
 
 
 class LearnerConfig(_Strict):
-    """The learner `reef serve` runs: a round whenever enough new experience waits."""
+    """The learner `reef serve` runs: rounds for every scenario that declares a recipe
+    (`scenarios.<s>.recipe`, a name in `recipes:`), whenever enough new experience waits."""
 
     enabled: bool = False
-    params: Path = Field(default=Path("params.yaml"), description="pipeline params: scenario, recipe, ...")
     interval_s: float = Field(default=30.0, gt=0, description="how often to check for pending experience")
-    min_records: int = Field(default=1, ge=1, description="eligible new records needed to start a round")
+    min_records: int = Field(default=1, ge=1, description="eligible new records that start a round, unless "
+                             "the scenario's recipe sets min_records")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_params_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "params" in data:
+            raise ValueError("learner.params was removed: the server's learner takes each scenario's recipe from "
+                             "serve.yaml (`recipes.<name>: {recipe, batch_size, max_staleness, params}` and "
+                             "`scenarios.<s>.recipe: <name>`); params.yaml stays the DVC pipeline's parameter file")
+        return data
 
 
 class LimitsConfig(_Strict):
@@ -133,6 +146,11 @@ class ServeConfig(_Strict):
     release: ReleaseConfig = Field(default_factory=ReleaseConfig)
     recipes: dict[str, RecipeSpec] = Field(default_factory=dict, description="named recipe settings")
     scenarios: dict[str, Scenario] = Field(default_factory=dict, description="scenario declarations")
+    _file: Path | None = PrivateAttr(default=None)  # the file this config was read from
+
+    @property
+    def config_file(self) -> Path | None:
+        return self._file
 
     def scenario(self, name: str) -> Scenario:
         """The scenario as declared by packages and this config together (see reef.scenario)."""
@@ -212,6 +230,8 @@ def resolve(
     """Merge the layers and validate; returns the config and `{dotted key: source}`."""
     environ = os.environ if environ is None else environ
     layers: list[tuple[str, dict[str, Any]]] = [("env", env_overrides(environ))]
+    if config_file is None and environ.get(CONFIG_FILE_ENV):
+        config_file = Path(environ[CONFIG_FILE_ENV])
     if config_file is None and DEFAULT_CONFIG_FILE.exists():
         config_file = DEFAULT_CONFIG_FILE
     if config_file is not None:
@@ -232,7 +252,9 @@ def resolve(
         )
         raise ConfigError(f"invalid config: {problems}") from exc
     if config_file is not None:
-        _anchor(config, Path(config_file).resolve().parent)
+        config._file = Path(config_file).resolve()
+        _anchor(config, config._file.parent)
+    _check_recipes(config)
     resolved = _flatten(config.model_dump(mode="json"))
     return config, {key: sources.get(key, "default") for key in resolved}
 
@@ -244,6 +266,34 @@ def _anchor(config: ServeConfig, folder: Path) -> None:
         if scenario.base_dir is None:
             update["base_dir"] = folder
         config.scenarios[name] = scenario.model_copy(update=update)
+
+
+def _check_recipes(config: ServeConfig) -> None:
+    """Every recipe reference names something that exists: a `recipes:` entry, a built-in recipe or an
+    importable module. Cheap (nothing is imported); the learner checks the params when it starts."""
+    from reef.recipe.registry import reference_problem
+
+    for name, spec in config.recipes.items():
+        problem = reference_problem(spec.recipe, _import_dirs(config))
+        if problem:
+            raise ConfigError(f"invalid config: recipes.{name}.recipe: {problem}")
+    for name, scenario in config.scenarios.items():
+        ref = scenario.recipe
+        if ref is None or (isinstance(ref, str) and ref in config.recipes):
+            continue
+        ref = ref.recipe if isinstance(ref, RecipeSpec) else ref
+        problem = reference_problem(ref, _import_dirs(config, scenario.base_dir))
+        if problem:
+            known = f"; recipes: declares {sorted(config.recipes)}" if config.recipes else ""
+            raise ConfigError(f"invalid config: scenarios.{name}.recipe: {problem}{known}")
+
+
+def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:
+    """Where user modules (recipes, rewards) are imported from besides sys.path: the config's folder."""
+    dirs = [d for d in extra if d is not None]
+    if config.config_file is not None:
+        dirs.append(config.config_file.parent)
+    return dirs
 
 
 def describe(config: ServeConfig, sources: Mapping[str, str]) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import uvicorn
 
-from reef.config import DEFAULT_TINY_MODEL, ServeConfig
+from reef.config import DEFAULT_TINY_MODEL, ConfigError, ServeConfig
 from reef.engine.supervisor import EngineSupervisor
 from reef.engine.weights import EngineWeights
 from reef.experience.store import ExperienceStore
@@ -22,7 +22,7 @@ from reef.gateway.app import create_app
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.upstream import Upstream
-from reef.learn.learner import Learner
+from reef.learn.learner import Learner, LearnerConfigError, scenario_plans
 from reef.release.publisher import Publisher
 from reef.release.routing import Routes
 
@@ -64,6 +64,12 @@ def serve(config: ServeConfig) -> None:
     engine: EngineSupervisor | None = None
     learner: Learner | None = None
     store = ExperienceStore(data_dir, config.store)
+    plans = None
+    if config.learner.enabled:
+        try:  # a recipe that cannot load is a config mistake: say so before vLLM starts
+            plans = scenario_plans(config)
+        except LearnerConfigError as exc:
+            raise ConfigError(f"invalid config: {exc}") from exc
     try:
         if config.upstream.url:
             base_url = config.upstream.url
@@ -82,8 +88,9 @@ def serve(config: ServeConfig) -> None:
         # Weights go straight to the engine (vLLM's own endpoints), not through the gateway's routes.
         state.publisher = Publisher(config, state.routes, state.hold, EngineWeights(base_url, config.upstream.api_key),
                                     state.canaries)
-        if config.learner.enabled:
-            learner = state.learner = Learner(config.learner, data_dir, config.release)
+        if plans is not None:
+            # The gate generates with the engine itself (vLLM), never through the recording gateway.
+            learner = state.learner = Learner(config, plans, engine_url=base_url, engine_model=config.model_name)
         seed_sessions(state.sessions, data_dir)
         if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("serving on %s with no api_keys: anyone who reaches it can call /v1 and report", config.host)

@@ -88,3 +88,62 @@ def test_scenario_policies_in_serve_yaml(tmp_path: Path) -> None:
     path.write_text("scenarios:\n  demo-add: {policy: sometimes}\n")
     with pytest.raises(ConfigError, match="policy"):
         resolve({}, path, {})
+
+
+SEED_LAYOUT = """\
+recipes:                       # the seed's layout: named recipes, referenced by scenarios
+  fast-rft: {recipe: rft, batch_size: 64, max_staleness: 2, params: {kind: lora, learning_rate: 5.0e-4}}
+  mine: {recipe: "my_recipes:Best", min_records: 8}
+learner: {enabled: true, min_records: 16}
+scenarios:
+  support: {policy: approval, recipe: fast-rft}
+  triage: {recipe: mine}
+  inline: {recipe: {recipe: kto, stale_policy: drop, params: {max_steps: 5}}}
+"""
+
+
+def test_serve_yaml_recipes_layout(tmp_path: Path) -> None:
+    """`reef serve -c` takes the seed's `recipes:` block; each scenario's round plan comes from it, a
+    module next to serve.yaml is a valid recipe reference, and `--print-config` shows the recipes."""
+    from reef.config import resolve
+    from reef.learn.round import min_records, plan_for_scenario
+
+    (tmp_path / "my_recipes.py").write_text("# a user's recipe module next to serve.yaml\n")
+    path = tmp_path / "serve.yaml"
+    path.write_text(SEED_LAYOUT)
+    out = reef("serve", "-c", str(path), "--print-config", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert '"fast-rft": {"recipe": "rft", "batch_size": 64, "max_staleness": 2' in lines["recipes"]
+    assert lines["recipes"].endswith(f"# file:{path}") and "learner.params" not in lines
+
+    config, _ = resolve({}, path, {})
+    plan = plan_for_scenario(config, "support")
+    assert plan is not None and plan.recipe == "rft"
+    assert plan.params == {"kind": "lora", "learning_rate": 5.0e-4, "batch_size": 64, "max_staleness": 2}
+    data = config.data_dir.resolve()
+    assert (plan.snapshot_dir, plan.candidate_dir, plan.ledger_root) == (
+        data / "snapshots" / "support", data / "candidates" / "support", data / "ledger")
+    assert (min_records(config, "support"), min_records(config, "triage")) == (16, 8)
+    assert plan_for_scenario(config, "inline").params == {"max_steps": 5, "stale_policy": "drop"}
+    assert plan_for_scenario(config, "undeclared") is None
+
+
+def test_bad_recipe_reference_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    cases = {
+        "scenarios:\n  support: {recipe: fast-rf}\nrecipes:\n  fast-rft: {recipe: rft}\n": "scenarios.support.recipe",
+        "recipes:\n  mine: {recipe: rtf}\n": "recipes.mine.recipe",
+        "recipes:\n  mine: {recipe: 'nowhere.to.be:Found'}\n": "recipes.mine.recipe",
+        "scenarios:\n  s: {recipe: {recipe: rft, batch_size: 0}}\n": "scenarios.s.recipe.RecipeSpec.batch_size",
+        "learner: {enabled: true, params: params.yaml}\n": "learner.params was removed",
+    }
+    for text, key in cases.items():
+        path.write_text(text)
+        out = reef("serve", "-c", str(path), "--print-config", cwd=tmp_path)
+        assert out.returncode == 2 and key in out.stderr and "Traceback" not in out.stderr, (text, out.stderr)
+    # A recipe that resolves but cannot take its params fails when the learner loads it, before vLLM starts.
+    path.write_text("learner: {enabled: true}\nrecipes:\n  r: {recipe: rft, params: {max_stepz: 3}}\n"
+                    "scenarios:\n  s: {recipe: r}\n")
+    out = reef("serve", "-c", str(path), "--upstream-url", "http://127.0.0.1:9", cwd=tmp_path)
+    assert out.returncode == 2 and "recipes.r" in out.stderr and "max_stepz" in out.stderr, out.stderr

@@ -1,11 +1,13 @@
 """The learning pipeline under real DVC in a temporary git repository: base-model -> demo-traffic ->
-snapshot -> train -> evaluate; a second `dvc repro` is a no-op, and `dvc exp run -S train.<param>`
-reruns only train and evaluate."""
+snapshot -> train -> evaluate (once per scenario: `snapshot@demo-add`, ...); a second `dvc repro` is
+a no-op, `dvc exp run -S train.<param>` reruns only train and evaluate, and new traffic in one of
+two scenarios reruns only that scenario's stages."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,15 +42,25 @@ def sh(repo: Path, *cmd: str) -> str:
     return done.stdout + done.stderr
 
 
+def ran_items(output: str) -> list[str]:
+    """The stages DVC ran, per item (`snapshot@demo-add`)."""
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
 def ran(output: str) -> list[str]:
-    return [s for s in STAGES if f"Running stage '{s}'" in output]
+    """The stages DVC ran, by name (a foreach stage's items count as the stage)."""
+    names = {item.split("@")[0] for item in ran_items(output)}
+    return [s for s in STAGES if s in names]
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_project(tmp_path_factory.mktemp("dvc") / "project")
+
+
+def make_project(root: Path, scenarios: dict[str, Any] | None = None, serve_yaml: str | None = None) -> Path:
     """A fresh project: the pipeline files and code, the tiny model committed as the base-model
     stage's output (rebuilding it would take minutes), small params."""
-    root = tmp_path_factory.mktemp("dvc") / "project"
     root.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
         shutil.copy2(REPO / name, root / name)
@@ -60,6 +72,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     params["demo_traffic"].update(prompts=16, samples=4)
     params["train"].update(max_steps=4, per_device_batch_size=8)
     params["evaluate"].update(samples=1)
+    if scenarios is not None:
+        params["scenarios"] = scenarios
+        params["source"]["data_dir"] = "data/live"
+    if serve_yaml is not None:
+        (root / "serve.yaml").write_text(serve_yaml)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh(root, "git", "init", "-q")
     sh(root, "dvc", "init", "-q")
@@ -146,3 +163,41 @@ def test_gate_then_track_puts_release_weights_in_dvc(repo: Path) -> None:
     weights = json.loads(next((repo / "data" / "artifacts").glob(f"{decision['candidate_id']}/manifest.json"))
                          .read_text())["files"]
     assert any(f["sha256"] for f in weights) and stored, "dvc push stored nothing"
+
+
+def test_new_traffic_in_one_scenario_reruns_only_its_stages(tmp_path: Path) -> None:
+    """Two scenarios (the second declared in the project's serve.yaml, with its own smaller eval
+    suite and its own recipe params): one `dvc repro evaluate` learns for both; new traffic in one
+    reruns only that scenario's snapshot, train and evaluate, with its own ledger."""
+    serve_yaml = ("scenarios:\n  second:\n    reward: reef.demo.task:reward\n"
+                  "    eval: {path: reef/demo/data/eval.jsonl, max_new_tokens: 16, limit: 16}\n")
+    repo = make_project(tmp_path / "project", {"demo-add": {}, "second": {"max_steps": 2}}, serve_yaml)
+    live, tiny = repo / "data" / "live", repo / "data" / "models" / "tiny"
+    from reef.scenario import get_scenario
+
+    second_users = get_scenario("demo-add").model_copy(update={"name": "second"})  # the demo's tasks and reward
+    for seed, scenario in ((1, "demo-add"), (2, second_users)):
+        record_offline_traffic(tiny, live, scenario, prompts=8, samples=4, seed=seed)
+
+    first = ran_items(sh(repo, "dvc", "repro", "evaluate"))
+    assert sorted(first) == sorted(f"{stage}@{s}" for stage in ("snapshot", "train", "evaluate")
+                                   for s in ("demo-add", "second")), first
+    metrics = {s: json.loads((repo / "data" / "metrics" / f"{s}.json").read_text()) for s in ("demo-add", "second")}
+    assert (metrics["demo-add"]["prompts"], metrics["second"]["prompts"]) == (80, 16)
+    lineage = json.loads((repo / "data" / "candidates" / "second" / "candidate.json").read_text())["lineage"]
+    assert lineage["params"]["max_steps"] == 2 and lineage["params"]["scenario"] == "second"
+    taken = {s: set(json.loads((repo / "data" / "snapshots" / s / "manifest.json").read_text())["record_ids"])
+             for s in ("demo-add", "second")}
+    assert taken["demo-add"] and taken["second"] and not taken["demo-add"] & taken["second"]
+    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status")
+
+    record_offline_traffic(tiny, live, second_users, prompts=8, samples=4, seed=3)
+    second = ran_items(sh(repo, "dvc", "repro", "evaluate"))
+    assert second == ["snapshot@second", "train@second", "evaluate@second"], second
+    again = set(json.loads((repo / "data" / "snapshots" / "second" / "manifest.json").read_text())["record_ids"])
+    assert again and not again & taken["second"]  # only the records that arrived since
+    from reef.recipe import ledger
+
+    consumed = {s: set(ledger.consumed(repo / "data" / "ledger", s)["record_id"].to_list())
+                for s in ("demo-add", "second")}
+    assert consumed == {"demo-add": taken["demo-add"], "second": taken["second"] | again}

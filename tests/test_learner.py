@@ -42,18 +42,16 @@ def test_serve_runs_learning_rounds(make_gateway) -> None:
     assert summary.errors == 0 and sum(summary.scores) >= MIN_RECORDS, "need rewarded traffic to learn from"
 
     gw: Gateway = make_gateway("learner", extra_args=["--model", str(TINY)], env={
-        "REEF_LEARNER__ENABLED": "true", "REEF_LEARNER__INTERVAL_S": "1",
-        "REEF_LEARNER__MIN_RECORDS": str(MIN_RECORDS), "REEF_STORE__FLUSH_INTERVAL_S": "0.2",
+        "REEF_LEARNER__ENABLED": "true", "REEF_LEARNER__INTERVAL_S": "1", "REEF_STORE__FLUSH_INTERVAL_S": "0.2",
         "REEF_SERVED_MODEL_NAME": MODEL_NAME, "REEF_RELEASE__POLICY": "auto", "REEF_RELEASE__GATE_SAMPLES": "2",
     })
-    (gw.workdir / "params.yaml").write_text(yaml.safe_dump({
-        "scenario": SCENARIO,
-        "base_model": {"path": str(TINY)},
-        "source": {"data_dir": "data"},
-        "train": {"recipe": "recipes.rft.recipe:RFT", "experience": {"min_score": 1.0}, "max_steps": 30,
-                  # LoRA: a full-weight release would change the weights of the session's shared vLLM.
-                  "kind": "lora", "learning_rate": 5e-3},
-        "evaluate": {"samples": 1},
+    # The scenario's recipe, declared in the server's serve.yaml (its working folder).
+    (gw.workdir / "serve.yaml").write_text(yaml.safe_dump({
+        "recipes": {"lora-rft": {"recipe": "recipes.rft.recipe:RFT", "min_records": MIN_RECORDS, "params": {
+            "min_score": 1.0, "max_steps": 30,
+            # LoRA: a full-weight release would change the weights of the session's shared vLLM.
+            "kind": "lora", "learning_rate": 5e-3}}},
+        "scenarios": {SCENARIO: {"recipe": "lora-rft"}},
     }))
     gw.start()
     assert _learner(gw)["enabled"] is True

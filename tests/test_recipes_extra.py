@@ -57,8 +57,9 @@ def moved(model: torch.nn.Module, base: Path) -> bool:
 def test_short_names_params_yaml_and_specs(tiny: Path, store: Path, tmp_path: Path) -> None:
     assert (resolve("kto"), resolve("ttt"), resolve("self_play")) == (KTO, TTT, SelfPlay)
     for ref in ("recipes.kto.recipe:KTO", "recipes.ttt.recipe:TTT", "recipes.self_play.recipe:SelfPlay"):
-        raw = {"scenario": SCENARIO, "base_model": {"path": str(tiny)}, "train": {"recipe": ref, "max_steps": 2}}
-        assert Params(raw).recipe().ref == ref
+        raw = {"scenarios": {SCENARIO: {}}, "base_model": {"path": str(tiny)},
+               "train": {"recipe": ref, "max_steps": 2}}
+        assert Params(raw).plan(SCENARIO).load_recipe().ref == ref
     with pytest.raises(ValueError, match="stale_policy"):
         load_recipe("kto", {"stale_policy": "downweight"})  # KTO has no per-sample weights: drop only
     # Self-generating recipes take no records even from a full store: batch_size 0, no reports needed.
@@ -252,7 +253,7 @@ def test_ttt_as_params_yaml_train_recipe(tiny: Path, tmp_path: Path, monkeypatch
     """`learn_once` without DVC (what `reef learn` runs): an empty snapshot is not "nothing new"
     for a recipe that needs no traffic; it trains and evaluates."""
     params = {
-        "scenario": SCENARIO, "base_model": {"path": str(tiny)},
+        "scenarios": {SCENARIO: {}}, "base_model": {"path": str(tiny)},
         "source": {"data_dir": str(tmp_path / "data"), "ledger_root": str(tmp_path / "ledger")},
         "train": {"recipe": "recipes.ttt.recipe:TTT", "max_steps": 2, "samples_per_round": 4},
         "evaluate": {"samples": 1, "seed": 0},

@@ -68,22 +68,31 @@ with left:
                            f"{head['release_id']}.")
 with right:
     st.subheader("Learner")
-    rounds = data.learner_rounds(cfg.data_dir, limit=5)
+    rounds = data.learner_rounds(cfg.data_dir, limit=5, scenario=scenario)
     learner = (status or {}).get("learner")
+    mine = ((learner or {}).get("scenarios") or {}).get(scenario)
     if learner is None:
         st.caption(f"Server at {cfg.url} not reachable: live learner status unknown.")
     elif not learner.get("enabled"):
         st.caption("The server's learner is off (`learner.enabled: false`).")
+    elif mine is None:
+        st.caption(f"The learner has no recipe for {scenario} (serve.yaml `scenarios.{scenario}.recipe`).")
     else:
-        pending = learner.get("pending") or {}
-        state = "running a round" if learner.get("running") else "waiting"
-        st.markdown(f"**{state}** · {learner.get('rounds', 0)} rounds since start  \n"
-                    f"next round: **{pending.get('records', '?')}** eligible records waiting")
+        pending = mine.get("pending") or {}
+        if mine.get("running"):
+            state = "running a round"
+        elif learner.get("running_scenario"):
+            state = f"waiting (a round of {learner['running_scenario']} is running)"
+        else:
+            state = "waiting"
+        st.markdown(f"**{state}** · recipe `{mine.get('recipe')}` · {mine.get('rounds', 0)} rounds since start  \n"
+                    f"next round: **{pending.get('records', '?')}** eligible records waiting "
+                    f"(starts at {mine.get('min_records', '?')})")
         details = {k: v for k, v in pending.items() if k != "records"}
         if details:
             st.caption(", ".join(f"{k}: {v}" for k, v in details.items()))
-        if learner.get("last_error"):
-            st.error(f"last round failed: {learner['last_error']}")
+        if mine.get("last_error"):
+            st.error(f"last round failed: {mine['last_error']}")
     if rounds:
         last = rounds[0]
         cand = (last.get("candidate") or {}).get("id") if isinstance(last.get("candidate"), dict) else None

@@ -86,7 +86,7 @@ def watch(url: str, data_dir: Path, scenario: str, *, rounds: int, max_seconds: 
         while time.monotonic() - started < max_seconds:
             summary = simulate(url, scenario=scenario, requests=wave, concurrency=concurrency, seed=i, progress=False)
             status = httpx.get(f"{url}/reef/status", timeout=30).json()
-            state.learner = status.get("learner", {})
+            state.learner = (status.get("learner", {}).get("scenarios") or {}).get(scenario, {})
             state.head = status["scenarios"].get(scenario, {}).get("serving_release", "?")
             state.waves.append(Wave(i, time.monotonic() - started, state.head, summary.mean_score,
                                     summary.requests))

@@ -80,23 +80,21 @@ def _show(data_dir: Path, scenario: str, plot_path: Path) -> None:
 
 
 def write_config(workdir: Path, scenario: str, min_records: int) -> None:
-    """serve.yaml (learner on, policy auto) and the learner's params.yaml, in the demo's workdir."""
+    """serve.yaml in the demo's workdir: the learner on, and the scenario's recipe and policy declared
+    the way a user declares theirs (`recipes:` and `scenarios.<s>.recipe`)."""
     import yaml
 
     (workdir / "serve.yaml").write_text(yaml.safe_dump({
         "model": str(DEFAULT_TINY_MODEL.resolve()), "served_model_name": "reef-tiny",
         "store": {"flush_interval_s": 0.5},
-        "learner": {"enabled": True, "params": "params.yaml", "interval_s": 2, "min_records": min_records},
+        "learner": {"enabled": True, "interval_s": 2},
         "release": {"policy": "auto"},
-    }))
-    (workdir / "params.yaml").write_text(yaml.safe_dump({
-        "scenario": scenario,
-        "base_model": {"path": str(DEFAULT_TINY_MODEL.resolve())},
-        "source": {"data_dir": "data", "ledger_root": "data/ledger"},
         # Rejection-sampling fine-tuning on the chats users rewarded, continuing from the head.
-        "train": {"recipe": "recipes.rft.recipe:RFT", "experience": {"min_score": 1.0}, "kind": "full",
-                  "max_steps": 30, "learning_rate": 5e-4, "per_device_batch_size": 16, "seed": 0},
-    }))
+        "recipes": {"demo-rft": {"recipe": "rft", "min_records": min_records, "params": {
+            "min_score": 1.0, "kind": "full", "max_steps": 30, "learning_rate": 5e-4, "per_device_batch_size": 16,
+            "seed": 0}}},
+        "scenarios": {scenario: {"policy": "auto", "recipe": "demo-rft"}},
+    }, sort_keys=False))
 
 
 def main(argv: list[str] | None = None) -> int:

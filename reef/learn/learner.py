@@ -1,10 +1,20 @@
-"""The learner inside `reef serve`: runs a learning round whenever enough new experience waits.
+"""The learner inside `reef serve`: learning rounds for every scenario that declares a recipe.
 
-A round (snapshot -> train -> register -> gate, `python -m reef.learn.round`) runs in a separate
-process, so training never blocks serving; the gateway only polls how much experience is pending.
-A candidate the gate selects is released at once when the scenario's policy is `auto` (through
-the same publisher as the API, expecting the head the gate compared against); under `approval`
-it waits in `GET /reef/candidates`. Each round is appended to `<data_dir>/learner/rounds.jsonl`.
+Each scenario has its own round plan (serve.yaml `scenarios.<s>.recipe`, see reef.learn.round), so
+its own snapshot, consumed ledger, candidates and release chain. Every `interval_s` the learner
+counts what waits for each scenario's recipe, and runs one round (snapshot -> train -> register ->
+gate, `python -m reef.learn.round`) for the next scenario in round-robin order whose count reached
+its `min_records`: a scenario with steady traffic cannot starve another.
+
+Rounds run in a separate process, one at a time. On the 2-core machines Reef targets, vLLM keeps
+one core busy and the gateway the other; two training processes would share the same core, each
+taking twice as long (and twice the memory, each gate loading two models), so concurrency would
+only delay every scenario's first candidate. The gateway only polls the counts, so serving never
+waits for a round, and another scenario's releases (API, dashboard, canary) go on while one trains.
+
+A candidate the gate selects is released at once when its scenario's policy is `auto` (through the
+same publisher as the API, expecting the head the gate compared against); under `approval` it
+waits in `GET /reef/candidates`. Each round is appended to `<data_dir>/learner/rounds.jsonl`.
 """
 
 from __future__ import annotations
@@ -17,37 +27,85 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reef.config import LearnerConfig, ReleaseConfig
+from reef.config import CONFIG_FILE_ENV, ServeConfig
+from reef.learn.round import RoundPlan, min_records, plan_for_scenario
 
 if TYPE_CHECKING:
+    from reef.recipe.base import Recipe
     from reef.release.publisher import Publisher
 
 log = logging.getLogger("reef.learner")
 
 
+class LearnerConfigError(ValueError):
+    """A scenario's recipe cannot be loaded with its params; names the scenario and key."""
+
+
+@dataclass
+class ScenarioLearner:
+    """One scenario's part of the learner: its plan, and what its rounds did."""
+
+    plan: RoundPlan
+    min_records: int
+    recipe: Recipe | None = None  # loaded once, for counting what waits
+    rounds: int = 0
+    pending: dict[str, int] | None = None
+    last: dict[str, Any] | None = None
+    last_error: str | None = None
+    running: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"recipe": self.plan.recipe, "min_records": self.min_records, "running": self.running,
+                "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
+                "last_error": self.last_error}
+
+
+def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
+    """Every declared scenario with a recipe, its recipe loaded and its params checked (a mistake
+    raises LearnerConfigError naming the key, before the server serves)."""
+    from reef.scenario import all_scenarios
+
+    out: dict[str, ScenarioLearner] = {}
+    for name, scenario in sorted(all_scenarios(config).items()):
+        plan = plan_for_scenario(config, name)
+        if plan is None:
+            continue
+        key = (f"recipes.{scenario.recipe}" if isinstance(scenario.recipe, str) and scenario.recipe in config.recipes
+               else f"scenarios.{name}.recipe")
+        try:
+            recipe = plan.load_recipe()
+        except (ValueError, TypeError, LookupError, ImportError) as exc:
+            raise LearnerConfigError(f"{key}: {exc}") from exc
+        out[name] = ScenarioLearner(plan=plan, min_records=min_records(config, name), recipe=recipe)
+    return out
+
+
 class Learner:
-    def __init__(self, config: LearnerConfig, data_dir: Path, release: ReleaseConfig | None = None):
+    def __init__(self, config: ServeConfig, scenarios: dict[str, ScenarioLearner] | None = None,
+                 engine_url: str | None = None, engine_model: str | None = None):
         self.config = config
-        self.release = release or ReleaseConfig()
-        self.data_dir = data_dir
+        self.data_dir = Path(config.data_dir)
+        self.scenarios = scenarios if scenarios is not None else scenario_plans(config)
+        self.engine_url, self.engine_model = engine_url, engine_model
         self.publisher: Publisher | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.dir = data_dir / "learner"
+        self.dir = self.data_dir / "learner"
         self.rounds_file = self.dir / "rounds.jsonl"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self.rounds = 0
+        self._last_ran: str | None = None  # the round-robin cursor
         self.last: dict[str, Any] | None = None
-        self.last_error: str | None = None
-        self.pending: dict[str, int] | None = None
 
     def start(self, publisher: Publisher | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.publisher, self.loop = publisher, loop
         self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.scenarios:
+            log.warning("learner enabled, but no scenario declares a recipe (scenarios.<s>.recipe)")
         self._thread = threading.Thread(target=self._loop, name="reef-learner", daemon=True)
         self._thread.start()
 
@@ -63,57 +121,98 @@ class Learner:
             self._thread.join(timeout=30)
 
     def describe(self) -> dict[str, Any]:
-        running = self._process is not None and self._process.poll() is None
-        return {"enabled": True, "params": str(self.config.params), "running": running, "rounds": self.rounds,
-                "pending": self.pending, "last_round": self.last, "last_error": self.last_error}
+        """Per scenario under `scenarios`; the top level sums them up (any running, total rounds and
+        pending records, the latest round and the latest standing error)."""
+        per = {name: s.describe() for name, s in self.scenarios.items()}
+        running = next((name for name, s in self.scenarios.items() if s.running), None)
+        errors = [s.last_error for s in self.scenarios.values() if s.last_error]
+        return {"enabled": True, "running": running is not None, "running_scenario": running,
+                "rounds": sum(s.rounds for s in self.scenarios.values()),
+                "pending": {"records": sum((s.pending or {}).get("records", 0) for s in self.scenarios.values())},
+                "last_round": self.last, "last_error": errors[0] if errors else None, "scenarios": per}
+
+    def _order(self) -> list[str]:
+        """Scenario names, starting after the one that ran the last round."""
+        names = sorted(self.scenarios)
+        if self._last_ran in names:
+            at = names.index(self._last_ran) + 1
+            names = names[at:] + names[:at]
+        return names
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.interval_s):
+        while not self._stop.wait(self.config.learner.interval_s):
+            self.tick()
+
+    def tick(self) -> str | None:
+        """Count what waits for every scenario, then run one round for the next eligible one."""
+        due = None
+        for name in self._order():
+            state = self.scenarios[name]
             try:
-                from reef.recipe.stage import Params, pending
+                from reef.learn.round import pending
 
-                self.pending = pending(Params.read(self.config.params))
-                if self.pending["records"] >= self.config.min_records:
-                    self._round()
-            except Exception as exc:  # a broken round must never take the gateway down
-                log.exception("learning round failed")
-                self.last_error = repr(exc)
+                state.pending = pending(state.plan, state.recipe)
+            except Exception as exc:  # noqa: BLE001 - one scenario's broken data must not stop the others
+                log.exception("counting pending experience of %s failed", name)
+                state.last_error = repr(exc)
+                continue
+            if due is None and state.pending["records"] >= state.min_records:
+                due = name
+        if due is None or self._stop.is_set():
+            return None
+        self._last_ran = due
+        state = self.scenarios[due]
+        state.running = True
+        try:
+            self._round(state)
+        except Exception as exc:  # a broken round must never take the gateway down
+            log.exception("learning round of %s failed", due)
+            state.last_error = repr(exc)
+        finally:
+            state.running = False
+        return due
 
-    def _round(self) -> None:
-        out = self.dir / "last-round.json"
+    def _round(self, state: ScenarioLearner) -> None:
+        folder = self.dir / state.plan.scenario
+        folder.mkdir(parents=True, exist_ok=True)
+        plan_file, out, log_path = folder / "plan.json", folder / "round.json", folder / "rounds.log"
+        plan_file.write_text(state.plan.model_dump_json(indent=2))
         out.unlink(missing_ok=True)
-        log_path = self.dir / "rounds.log"
+        release = self.config.release
+        cmd = [sys.executable, "-m", "reef.learn.round", "--plan", str(plan_file), "--out", str(out),
+               "--gate-samples", str(release.gate_samples), "--gate-confidence", str(release.gate_confidence),
+               "--gate-min-delta", str(release.gate_min_delta)]
+        if self.engine_url and self.engine_model:
+            cmd += ["--engine-url", self.engine_url, "--engine-model", self.engine_model]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if self.config.config_file is not None:  # the gate finds the scenario's eval suite in it
+            env[CONFIG_FILE_ENV] = str(self.config.config_file)
         started = time.time()
         with log_path.open("ab") as log_file:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "reef.learn.round", "--params", str(self.config.params),
-                 "--data-dir", str(self.data_dir), "--out", str(out),
-                 "--gate-samples", str(self.release.gate_samples),
-                 "--gate-confidence", str(self.release.gate_confidence),
-                 "--gate-min-delta", str(self.release.gate_min_delta)],
-                stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
+            self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
             code = self._process.wait()
         if code != 0 or not out.is_file():
-            self.last_error = f"round exited with code {code}; see {log_path}"
+            state.last_error = f"round exited with code {code}; see {log_path}"
             return
         result = json.loads(out.read_text())
-        self.last_error = None
-        if result.get("status") == "trained":
-            result["release"] = self._maybe_release(result["candidate_id"])
-        entry = {"started_at": started, "seconds": round(time.time() - started, 1), **result}
+        state.last_error = None
+        if result.get("status") == "trained" and result.get("candidate_id"):
+            result["release"] = self._maybe_release(state, result["candidate_id"])
+        entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": round(time.time() - started, 1),
+                 **result}
         with self.rounds_file.open("a") as f:
             f.write(json.dumps(entry, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.rounds += 1
-        self.last = {k: entry.get(k) for k in ("status", "seconds", "metrics", "candidate_id", "release")}
-        self.last["candidate"] = (entry.get("candidate") or {}).get("id")
+        state.rounds += 1
+        last = {k: entry.get(k) for k in ("scenario", "status", "seconds", "metrics", "candidate_id", "release")}
+        last["candidate"] = (entry.get("candidate") or {}).get("id")
         gate = entry.get("gate") or {}
-        self.last["gate"] = {k: gate.get(k) for k in ("decision", "reason", "candidate_success", "head_success")}
-        log.info("learning round: %s", self.last)
+        last["gate"] = {k: gate.get(k) for k in ("decision", "reason", "candidate_success", "head_success")}
+        state.last = self.last = last
+        log.info("learning round of %s: %s", state.plan.scenario, last)
 
-    def _maybe_release(self, candidate_id: str) -> str | None:
+    def _maybe_release(self, state: ScenarioLearner, candidate_id: str) -> str | None:
         """Under policy `auto`, release what the gate selected; the release id, or None."""
         if self.publisher is None or self.loop is None:
             return None
@@ -124,7 +223,7 @@ class Learner:
         try:
             release = future.result(timeout=600)
         except Exception as exc:  # noqa: BLE001 - a refused release is reported, the learner goes on
-            self.last_error = f"auto-release of {candidate_id[:12]} failed: {exc}"
-            log.warning(self.last_error)
+            state.last_error = f"auto-release of {candidate_id[:12]} failed: {exc}"
+            log.warning(state.last_error)
             return None
         return release.release_id if release else None

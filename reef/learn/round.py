@@ -1,12 +1,17 @@
-"""One learning round of `reef serve`'s learner, in its own process:
-snapshot -> train -> register -> gate.
+"""One learning round: snapshot -> train -> register -> gate. The only round orchestrator: the
+server's learner (in its own process, `python -m reef.learn.round --plan plan.json`), `reef learn
+--once`, `reef recipe run` and the DVC stages (each stage one step of it) all run these functions.
 
-    python -m reef.learn.round --params params.yaml --data-dir data --out round.json
+A `RoundPlan` says what a round does: which scenario, which recipe with which params, where the
+experience is read from, where the snapshot and candidate go, and whether training continues from
+the scenario's head. It is built from serve.yaml (`plan_for_scenario`, the learner) or from
+params.yaml (`reef.recipe.stage.Params.plan`, the pipeline and the CLI).
 
-Full-weight rounds continue from the scenario's head (the weights that produced the experience),
-so each release builds on the last; LoRA rounds train an adapter on the base model, the only
-weights an adapter can be served on. The gate then compares the candidate with the head. Whether
-a selected candidate is released is the server's decision (policy), not this process's.
+Continuing from the head: a full-weight round trains the head's weights (the weights that produced
+the experience), so each release builds on the last; a LoRA round on the base model continues
+from the head's adapter when the head is a LoRA on that base (`init_adapter`). A LoRA is only ever
+trained on the base model, the only weights an adapter can be served on. Whether a selected
+candidate is released is the server's decision (policy), not the round's.
 """
 
 from __future__ import annotations
@@ -15,63 +20,186 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reef.recipe.snapshot import EmptySnapshotError
-from reef.recipe.stage import Params, pending, stage_snapshot, stage_train
-from reef.release.artifacts import ArtifactStore
-from reef.release.base_model import ensure_scenario
-from reef.release.candidates import register_candidate
-from reef.release.gate import GateConfig, evaluate_candidate
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from reef.config import ServeConfig
+    from reef.recipe.base import Recipe
+    from reef.recipe.snapshot import Snapshot
+    from reef.recipe.spec import Candidate
+    from reef.release.gate import GateConfig
 
 
-def _continue_from_head(params: Params, data_dir: Path) -> Params:
-    """Params whose base model is the head's weights when the head is a full-weight release."""
-    store = ArtifactStore.for_data_dir(data_dir)
-    chain, _ = ensure_scenario(data_dir, params.scenario, params.base_model, store)
+class RoundPlan(BaseModel):
+    """What one round does; JSON, so the learner can hand it to the round's process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: str
+    recipe: str = Field(description="a built-in name or module:Class")
+    params: dict[str, Any] = Field(default_factory=dict, description="the recipe config's fields")
+    base_model: str = "data/models/tiny"
+    experience_dir: Path = Field(default=Path("data"), description="where the scenario's experience is read")
+    data_dir: Path = Field(default=Path("data"), description="releases, candidates register and artifacts")
+    ledger_root: Path = Path("data/ledger")
+    snapshot_dir: Path | None = Field(default=None, description="a fixed folder; None: content-hashed")
+    snapshot_root: Path = Path("data/snapshots")
+    candidate_dir: Path | None = Field(default=None, description="a fixed folder; None: <candidate_root>/<id>")
+    candidate_root: Path = Path("data/candidates")
+    continue_from_head: bool = True
+    import_dirs: list[Path] = Field(default_factory=list, description="folders user recipe modules live in")
+
+    def recipe_params(self) -> dict[str, Any]:
+        return {"base_model": self.base_model, **self.params, "scenario": self.scenario}
+
+    def load_recipe(self) -> Recipe:
+        from reef.recipe.registry import load_recipe
+
+        return load_recipe(self.recipe, self.recipe_params(), extra=self.import_dirs)
+
+
+def plan_for_scenario(config: ServeConfig, scenario: str) -> RoundPlan | None:
+    """The learner's round for a scenario declared in serve.yaml (or by a package); None without a recipe.
+    Everything lives in the server's data dir: `snapshots/<s>/`, `candidates/<s>/`, `ledger/<s>/`."""
+    declared = config.scenario(scenario)
+    spec = declared.recipe_spec(config.recipes)
+    if spec is None:
+        return None
+    data_dir = Path(config.data_dir).resolve()
+    params = spec.recipe_params()
+    # A user's recipe module may sit next to serve.yaml, like their reward module.
+    dirs = [config.config_file.parent] if config.config_file else []
+    return RoundPlan(
+        scenario=scenario, recipe=spec.recipe, params=params, base_model=str(params.pop("base_model", None)
+                                                                             or config.model_path),
+        experience_dir=data_dir, data_dir=data_dir, ledger_root=data_dir / "ledger",
+        snapshot_dir=data_dir / "snapshots" / scenario, candidate_dir=data_dir / "candidates" / scenario,
+        import_dirs=dirs,
+    )
+
+
+def min_records(config: ServeConfig, scenario: str) -> int:
+    """Eligible records that start a learner round: the recipe's `min_records`, else the learner's."""
+    spec = config.scenario(scenario).recipe_spec(config.recipes)
+    return (spec.min_records if spec else None) or config.learner.min_records
+
+
+# --- the steps ------------------------------------------------------------------------------
+
+
+def from_head(plan: RoundPlan) -> RoundPlan:
+    """The plan with the head to continue from: its weights (full) or its adapter (LoRA on the base)."""
+    if not plan.continue_from_head:
+        return plan
+    from reef.release.artifacts import ArtifactStore
+    from reef.release.base_model import base_of, ensure_scenario
+
+    store = ArtifactStore.for_data_dir(plan.data_dir)
+    chain, _ = ensure_scenario(plan.data_dir, plan.scenario, plan.base_model, store)
     head = chain.head()
-    if head is None or head.kind != "full" or params.raw.get("train", {}).get("kind") == "lora":
-        return params
-    raw = json.loads(json.dumps(params.raw))
-    raw.setdefault("base_model", {})["path"] = str(store.verify(head.content_id).resolve())
-    return Params(raw)
+    r0 = chain.releases()[0]
+    if head is None or head.release_id == r0.release_id:
+        return plan
+    lora = plan.params.get("kind") == "lora"
+    if head.kind == "full" and not lora:
+        return plan.model_copy(update={"base_model": str(store.verify(head.content_id).resolve())})
+    if head.kind == "lora" and lora and base_of(store, store.get(head.content_id)).content_id == r0.content_id:
+        adapter = str(store.verify(head.content_id).resolve())
+        return plan.model_copy(update={"params": {**plan.params, "init_adapter": adapter}})
+    return plan
 
 
-def learn_round(params_path: Path | str, data_dir: Path | str, gate: GateConfig | None = None,
-                progress: bool = False) -> dict[str, Any]:
-    data_dir = Path(data_dir)
-    params = Params.read(params_path)
-    waiting = pending(params)
-    if waiting["records"] == 0:
-        return {"status": "nothing_new", "pending": waiting}
-    params = _continue_from_head(params, data_dir)
-    snap = stage_snapshot(params)
-    candidate = stage_train(params, progress=progress)
-    view = register_candidate(data_dir, candidate.path)
-    result = evaluate_candidate(data_dir, view.candidate_id, gate, progress=progress)
-    return {
-        "status": "trained", "pending": waiting, "snapshot": snap.id, "candidate_id": view.candidate_id,
-        "candidate": candidate.to_json(), "metrics": candidate.metrics,
-        "gate": result.model_dump(mode="json", exclude={"per_prompt"}),
-    }
+def pending(plan: RoundPlan, recipe: Recipe | None = None) -> dict[str, int]:
+    """How many records the next snapshot would take, and why the others are left out."""
+    records, counts, _ = selection(plan, recipe)
+    return {"records": records, **counts}
+
+
+def selection(plan: RoundPlan, recipe: Recipe | None = None) -> tuple[int, dict[str, int], str]:
+    """What a snapshot would hold now, without writing anything: (records, counts, content hash)."""
+    from reef.experience import load
+    from reef.recipe import ledger
+    from reef.recipe.snapshot import content_hash, select
+
+    spec = (recipe or plan.load_recipe()).experience()
+    taken = set(ledger.consumed(plan.ledger_root, plan.scenario)["record_id"].to_list())
+    frame, counts = select(load(plan.scenario, plan.experience_dir).collect(), spec, taken)
+    return frame.height, counts, content_hash(frame, spec)
+
+
+def take_snapshot(plan: RoundPlan, recipe: Recipe | None = None) -> Snapshot:
+    # An empty snapshot is written, not refused: "nothing new" is the train step's clear failure
+    # (EmptySnapshotError), and a recipe that makes its own samples trains on an empty one.
+    from reef.recipe.snapshot import Snapshot
+
+    spec = (recipe or plan.load_recipe()).experience()
+    return Snapshot.create(plan.scenario, plan.experience_dir, spec, root=plan.snapshot_root, dest=plan.snapshot_dir,
+                           ledger_root=plan.ledger_root, allow_empty=True)
+
+
+def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool = True) -> Candidate:
+    from reef.recipe.snapshot import Snapshot
+
+    plan = from_head(plan)
+    if snapshot is None and plan.snapshot_dir is None:
+        raise ValueError("train needs the snapshot, or a plan with a fixed snapshot_dir")
+    snap = snapshot or Snapshot.open(plan.snapshot_dir)
+    return plan.load_recipe().run(snap, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
+
+
+def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | None = None, *,
+         progress: bool = True) -> tuple[str, Any]:
+    """Register the candidate and gate it against the scenario's head: (candidate id, GateResult)."""
+    from reef.release.candidates import register_candidate
+    from reef.release.gate import evaluate_candidate
+
+    view = register_candidate(plan.data_dir, candidate_path)
+    return view.candidate_id, evaluate_candidate(plan.data_dir, view.candidate_id, gate_config, progress=progress)
+
+
+def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluate: bool = True,
+              progress: bool = True) -> dict[str, Any]:
+    """snapshot -> train -> register -> gate. {"status": "trained" | "nothing_new", "pending": counts,
+    "snapshot", "candidate" (candidate.json), "candidate_id", "metrics", "gate" (without per-prompt outputs)}."""
+    recipe = plan.load_recipe()
+    records, counts, _ = selection(plan, recipe)
+    waiting = {"records": records, **counts}
+    if records == 0 and recipe.needs_experience:
+        return {"status": "nothing_new", "scenario": plan.scenario, "pending": waiting}
+    snap = take_snapshot(plan, recipe)
+    candidate = train(plan, snap, progress=progress)
+    out: dict[str, Any] = {"status": "trained", "scenario": plan.scenario, "pending": waiting, "snapshot": snap.id,
+                           "candidate": candidate.to_json(), "metrics": candidate.metrics}
+    if evaluate:
+        candidate_id, result = gate(plan, candidate.path, gate_config, progress=progress)
+        out.update(candidate_id=candidate_id, gate=result.model_dump(mode="json", exclude={"per_prompt"}))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
+    from reef.recipe.snapshot import EmptySnapshotError
+    from reef.release.gate import GateConfig
+
     parser = argparse.ArgumentParser(prog="python -m reef.learn.round", description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--data-dir", default="data")
+    parser.add_argument("--plan", type=Path, required=True, help="a RoundPlan as JSON")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gate-samples", type=int, default=GateConfig.samples)
     parser.add_argument("--gate-confidence", type=float, default=GateConfig.confidence)
     parser.add_argument("--gate-min-delta", type=float, default=GateConfig.min_delta)
+    parser.add_argument("--engine-url", help="the managed vLLM the gate generates with")
+    parser.add_argument("--engine-model", help="its served model name")
     args = parser.parse_args(argv)
-    gate = GateConfig(samples=args.gate_samples, confidence=args.gate_confidence, min_delta=args.gate_min_delta)
+    plan = RoundPlan.model_validate_json(args.plan.read_text())
+    gate_config = GateConfig(samples=args.gate_samples, confidence=args.gate_confidence,
+                             min_delta=args.gate_min_delta)
     try:
-        result = learn_round(args.params, args.data_dir, gate)
+        result = run_round(plan, gate_config, progress=False)
     except EmptySnapshotError as exc:
-        result = {"status": "nothing_new", "reason": str(exc)}
+        result = {"status": "nothing_new", "scenario": plan.scenario, "reason": str(exc)}
     args.out.write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps({k: result.get(k) for k in ("status", "candidate_id")}), file=sys.stderr)
+    print(json.dumps({k: result.get(k) for k in ("scenario", "status", "candidate_id")}), file=sys.stderr)
     return 0
 
 

@@ -7,10 +7,22 @@ the consumed ledger, evaluation and the DVC stages.
     candidate = recipe.run(snap)
 """
 
-from reef.recipe.base import Recipe
-from reef.recipe.registry import load_recipe, resolve
-from reef.recipe.snapshot import EmptySnapshotError, Snapshot
-from reef.recipe.spec import Candidate, ExperienceSpec, Lineage, RecipeConfig
+from typing import Any
 
-__all__ = ["Candidate", "EmptySnapshotError", "ExperienceSpec", "Lineage", "Recipe", "RecipeConfig", "Snapshot",
-           "load_recipe", "resolve"]
+_EXPORTS = {
+    "Recipe": "reef.recipe.base", "load_recipe": "reef.recipe.registry", "resolve": "reef.recipe.registry",
+    "EmptySnapshotError": "reef.recipe.snapshot", "Snapshot": "reef.recipe.snapshot",
+    "Candidate": "reef.recipe.spec", "ExperienceSpec": "reef.recipe.spec", "Lineage": "reef.recipe.spec",
+    "RecipeConfig": "reef.recipe.spec",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: serve.yaml's recipe references are checked through reef.recipe.registry, which must not
+    # pull in torch and transformers with this package.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(name)

@@ -30,8 +30,8 @@ def add_parsers(sub: Any, default_url: str) -> None:
             p.add_argument("--token", default=None, help="admin token (default: REEF_ADMIN_TOKEN)")
             p.add_argument("--by", default=os.environ.get("USER"), help="who approves (recorded in the release)")
 
-    p = sub.add_parser("releases", help="a scenario's release chain, newest last")
-    p.add_argument("--scenario", default="demo-add")
+    p = sub.add_parser("releases", help="each scenario's release chain, newest last")
+    p.add_argument("--scenario", default=None, help="default: every scenario with a release chain")
     common(p)
     p = sub.add_parser("release", help="release a gate-selected candidate (moves the head, hot-swaps)")
     p.add_argument("candidate", help="candidate id or unique prefix (see `reef candidates`)")
@@ -105,17 +105,28 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
 
 
 def _releases(args: argparse.Namespace) -> int:
-    from reef.release.chain import ReleaseChain
+    from reef.release.chain import CHAIN_FILE, ReleaseChain
 
-    chain_dir = args.data_dir / "releases" / args.scenario / "chain.jsonl"
-    if not chain_dir.is_file():
-        raise ReleaseUsageError(f"scenario {args.scenario} has no releases in {args.data_dir}")
-    releases = ReleaseChain.for_data_dir(args.data_dir, args.scenario).releases()
-    rows = [[r.release_id, r.operation, r.kind, r.content_id[:12], r.approved_by or "", r.restores or "",
-             _gate_line(r.evaluation), f"{r.created_at:%m-%d %H:%M:%S}"] for r in releases]
-    _print(args, [r.model_dump(mode="json") for r in releases], rows,
-           ["release", "operation", "kind", "content", "approved by", "restores", "evaluation", "created"],
-           f"{args.scenario}: head {releases[-1].release_id}")
+    root = args.data_dir / "releases"
+    if args.scenario is not None:
+        if not (root / args.scenario / CHAIN_FILE).is_file():
+            raise ReleaseUsageError(f"scenario {args.scenario} has no releases in {args.data_dir}")
+        names = [args.scenario]
+    else:
+        names = sorted(p.parent.name for p in root.glob(f"*/{CHAIN_FILE}")) if root.is_dir() else []
+        if not names:
+            raise ReleaseUsageError(f"no scenario has releases in {args.data_dir}")
+    chains = {name: ReleaseChain.for_data_dir(args.data_dir, name).releases() for name in names}
+    if args.json:  # one scenario: its list, as before; every scenario: lists by scenario
+        data: Any = {name: [r.model_dump(mode="json") for r in rs] for name, rs in chains.items()}
+        print(json.dumps(data[names[0]] if args.scenario else data, indent=2, default=str))
+        return 0
+    for name, releases in chains.items():
+        rows = [[r.release_id, r.operation, r.kind, r.content_id[:12], r.approved_by or "", r.restores or "",
+                 _gate_line(r.evaluation), f"{r.created_at:%m-%d %H:%M:%S}"] for r in releases]
+        _print(args, None, rows,
+               ["release", "operation", "kind", "content", "approved by", "restores", "evaluation", "created"],
+               f"{name}: head {releases[-1].release_id}")
     return 0
 
 
