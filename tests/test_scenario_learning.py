@@ -7,11 +7,11 @@ records, ledgers and chains kept apart."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+import streamlit as st
 import yaml
 from reef.demo.simulate import simulate
 
@@ -23,6 +23,7 @@ from reef.release.candidates import CandidateRegistry
 from reef.release.chain import ReleaseChain
 from tests.conftest import MODEL_NAME, TINY, Gateway
 from tests.test_dashboard import app, texts
+from tests.test_learner import _learner, _wait
 
 TOKEN = "byo-token"
 MIN_RECORDS = 24  # rewarded chats a round waits for; 320 chats at ~16% success give ~40
@@ -107,21 +108,6 @@ def _greedy(gw: Gateway, scenario: str, n: int = 8) -> list[str]:
             .choices[0].message.content for t in demo.eval_tasks()[:n]]
 
 
-def _learner(gw: Gateway) -> dict:
-    return httpx.get(f"{gw.url}/reef/status").json()["learner"]
-
-
-def _wait(gw: Gateway, until, timeout_s: float = 420.0) -> dict:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    state = None
-    while time.monotonic() < deadline:
-        state = _learner(gw)
-        if until(state):
-            return state
-        time.sleep(0.5)
-    raise AssertionError(f"learner never got there: {json.dumps(state, indent=1)}")
-
-
 @pytest.mark.vllm
 def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     # Traffic first, learner after (a restart over the same data, as in test_learner.py): a round
@@ -140,7 +126,8 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     gw.start()
     per = _learner(gw)["scenarios"]
     assert {name: s["recipe"] for name, s in per.items()} == {"support": "rft", "triage": "my_recipes:SteadyRFT"}
-    done = _wait(gw, lambda s: all(x["rounds"] >= 1 for x in s["scenarios"].values()) and not s["running"])
+    done = _wait(gw, lambda s: all(x["rounds"] >= 1 for x in s["scenarios"].values()) and not s["running"],
+                 timeout_s=480)
     support, triage = done["scenarios"]["support"], done["scenarios"]["triage"]
     assert support["last_error"] is None and triage["last_error"] is None, done
 
@@ -176,6 +163,7 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     # triage (approval): the selected candidate waits, and is released from the dashboard.
     assert triage["last_round"]["gate"]["decision"] == "select", triage["last_round"]["gate"]
     assert triage["last_round"]["release"] is None and view.status == "selected"
+    st.cache_data.clear()  # pages cache reads per data version; start from this data dir
     at = app(monkeypatch, data, gw.url, token=TOKEN)
     at.selectbox(key="scenario_picker").set_value("triage").run()
     at.switch_page("views/release.py").run()
