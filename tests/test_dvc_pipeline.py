@@ -111,7 +111,8 @@ def test_repro_then_noop_then_param_change(repo: Path) -> None:
     again = json.loads((repo / "data" / "candidates" / "demo-add" / "candidate.json").read_text())
     assert again["lineage"]["params"]["max_steps"] == 2
     assert again["lineage"]["snapshot_hash"] == snapshot["hash"]  # same round: sibling candidate
-    assert "+-------+" in sh(repo, "dvc", "dag")
+    dag = sh(repo, "dvc", "dag")
+    assert "+-------" in dag and "train@demo-add" in dag
 
 
 def _learn(repo: Path) -> dict[str, Any]:
