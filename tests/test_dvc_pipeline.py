@@ -190,7 +190,7 @@ def test_new_traffic_in_one_scenario_reruns_only_its_stages(tmp_path: Path) -> N
     taken = {s: set(json.loads((repo / "data" / "snapshots" / s / "manifest.json").read_text())["record_ids"])
              for s in ("demo-add", "second")}
     assert taken["demo-add"] and taken["second"] and not taken["demo-add"] & taken["second"]
-    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status")
+    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status", "evaluate")
 
     record_offline_traffic(tiny, live, second_users, prompts=8, samples=4, seed=3)
     second = ran_items(sh(repo, "dvc", "repro", "evaluate"))
