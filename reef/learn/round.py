@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from reef.recipe.snapshot import Snapshot
     from reef.recipe.spec import Candidate
     from reef.release.gate import GateConfig
+    from reef.release.gate_engine import GateEngine
 
 
 class RoundPlan(BaseModel):
@@ -150,17 +151,19 @@ def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool =
 
 
 def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | None = None, *,
-         progress: bool = True) -> tuple[str, Any]:
-    """Register the candidate and gate it against the scenario's head: (candidate id, GateResult)."""
+         engine: GateEngine | None = None, progress: bool = True) -> tuple[str, Any]:
+    """Register the candidate and gate it against the scenario's head: (candidate id, GateResult).
+    `engine`: the serving vLLM (not the gateway), which samples a LoRA candidate's replies."""
     from reef.release.candidates import register_candidate
     from reef.release.gate import evaluate_candidate
 
     view = register_candidate(plan.data_dir, candidate_path)
-    return view.candidate_id, evaluate_candidate(plan.data_dir, view.candidate_id, gate_config, progress=progress)
+    return view.candidate_id, evaluate_candidate(plan.data_dir, view.candidate_id, gate_config, progress=progress,
+                                                 engine=engine)
 
 
 def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluate: bool = True,
-              progress: bool = True) -> dict[str, Any]:
+              engine: GateEngine | None = None, progress: bool = True) -> dict[str, Any]:
     """snapshot -> train -> register -> gate. {"status": "trained" | "nothing_new", "pending": counts,
     "snapshot", "candidate" (candidate.json), "candidate_id", "metrics", "gate" (without per-prompt outputs)}."""
     recipe = plan.load_recipe()
@@ -173,14 +176,14 @@ def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluat
     out: dict[str, Any] = {"status": "trained", "scenario": plan.scenario, "pending": waiting, "snapshot": snap.id,
                            "candidate": candidate.to_json(), "metrics": candidate.metrics}
     if evaluate:
-        candidate_id, result = gate(plan, candidate.path, gate_config, progress=progress)
+        candidate_id, result = gate(plan, candidate.path, gate_config, engine=engine, progress=progress)
         out.update(candidate_id=candidate_id, gate=result.model_dump(mode="json", exclude={"per_prompt"}))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     from reef.recipe.snapshot import EmptySnapshotError
-    from reef.release.gate import GateConfig
+    from reef.release.gate import GateConfig, add_engine_arguments, engine_of
 
     parser = argparse.ArgumentParser(prog="python -m reef.learn.round", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", type=Path, required=True, help="a RoundPlan as JSON")
@@ -188,14 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate-samples", type=int, default=GateConfig.samples)
     parser.add_argument("--gate-confidence", type=float, default=GateConfig.confidence)
     parser.add_argument("--gate-min-delta", type=float, default=GateConfig.min_delta)
-    parser.add_argument("--engine-url", help="the managed vLLM the gate generates with")
-    parser.add_argument("--engine-model", help="its served model name")
+    add_engine_arguments(parser)
     args = parser.parse_args(argv)
     plan = RoundPlan.model_validate_json(args.plan.read_text())
     gate_config = GateConfig(samples=args.gate_samples, confidence=args.gate_confidence,
                              min_delta=args.gate_min_delta)
     try:
-        result = run_round(plan, gate_config, progress=False)
+        result = run_round(plan, gate_config, engine=engine_of(args.engine_url, args.engine_model), progress=False)
     except EmptySnapshotError as exc:
         result = {"status": "nothing_new", "scenario": plan.scenario, "reason": str(exc)}
     args.out.write_text(json.dumps(result, indent=2, default=str))
