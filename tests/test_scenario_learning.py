@@ -13,7 +13,6 @@ import httpx
 import pytest
 import streamlit as st
 import yaml
-from reef.demo.simulate import simulate
 
 from reef.client import ReefClient
 from reef.demo import task as demo
@@ -21,6 +20,8 @@ from reef.experience import load
 from reef.recipe import ledger
 from reef.release.candidates import CandidateRegistry
 from reef.release.chain import ReleaseChain
+from reef.scenario import get_scenario
+from reef.traffic.simulate import simulate
 from tests.conftest import MODEL_NAME, TINY, Gateway
 from tests.test_dashboard import app, texts
 from tests.test_learner import _learner, _wait
@@ -117,7 +118,8 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     recorder.start()
     before = _greedy(recorder, "support")
     for seed, scenario in enumerate(("support", "triage")):
-        summary = simulate(recorder.url, scenario=scenario, requests=320, concurrency=8, seed=seed, progress=False)
+        users = get_scenario("demo-add").model_copy(update={"name": scenario})  # the demo's users and their rewards
+        summary = simulate(recorder.url, users, requests=320, concurrency=8, seed=seed, progress=False)
         assert summary.errors == 0 and sum(summary.scores) >= MIN_RECORDS, "need rewarded traffic to learn from"
     recorder.stop()
 
