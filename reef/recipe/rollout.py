@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from reef.recipe.logprobs import completion_logprobs
 from reef.recipe.tokens import fit_left
 
 
@@ -99,8 +100,8 @@ def policy_gradient_loss(model: PreTrainedModel, rollouts: Sequence[Rollout], ad
     width = max(map(len, seqs))
     ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
     attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)[:, 1:]
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
     adv = torch.tensor([a for _, a in kept], dtype=torch.float32).unsqueeze(-1)
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    logp = logits.float().log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logp, start = completion_logprobs(model, ids, attention, mask)
+    mask = mask[:, start:]
     return -(adv * logp * mask).sum() / mask.sum().clamp(min=1.0)
