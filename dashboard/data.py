@@ -295,6 +295,18 @@ def per_prompt_frame(view: dict[str, Any]) -> pl.DataFrame:
             .sort("_order", "_gap", descending=[False, True]).drop("_order", "_gap"))
 
 
+# What the Candidates page plots first: the curves a training run is usually read by.
+DEFAULT_CURVES = ("loss", "reward", "kl", "grad_norm", "learning_rate", "solver_reward", "proposer_reward")
+
+
+def training_curves(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """A candidate's per-step training log (candidate.json `training_log`) in long form: step, metric,
+    value; `epoch` (a Trainer's progress counter, not a measurement) is left out."""
+    long = [{"step": int(r["step"]), "metric": k, "value": float(v)} for r in rows if "step" in r
+            for k, v in r.items() if k not in ("step", "epoch") and isinstance(v, int | float)]
+    return pl.DataFrame(long, schema={"step": pl.Int64, "metric": pl.String, "value": pl.Float64})
+
+
 def _prompt_text(messages: list[dict[str, Any]]) -> str:
     users = [m.get("content") or "" for m in messages if m.get("role") == "user"]
     return users[-1] if users else (messages[-1].get("content") or "" if messages else "")

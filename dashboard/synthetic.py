@@ -237,7 +237,10 @@ def make_lora_candidate(base_model: Path, out: Path, scenario: str = "demo-add",
                "recipe": "dashboard.synthetic:make_lora_candidate", "params": {"r": 4, "seed": seed},
                "parent_release": f"{scenario}@r0", "code_commit": "unknown", "base_model": str(base_model),
                "base_model_sha256": sha256_file(weights), "versions": {}}
+    rng = random.Random(seed)  # per-step curves shaped like a real round's: loss down, reward up
+    log = [{"step": t, "loss": round(1.0 / t + rng.uniform(0, 0.1), 4), "reward": round(min(1.0, 0.2 + 0.03 * t), 4),
+            "grad_norm": round(rng.uniform(0.2, 1.0), 4), "learning_rate": 5e-4} for t in range(1, 21)]
     (out / "candidate.json").write_text(json.dumps({
         "id": f"{scenario}-lora-{seed}", "kind": "lora", "scenario": scenario, "metrics": {"train_loss": 1.0},
-        "lineage": lineage, "created_at": datetime.now(UTC).isoformat()}))
+        "lineage": lineage, "created_at": datetime.now(UTC).isoformat(), "training_log": log}))
     return out

@@ -226,3 +226,14 @@ def test_unknown_ids(tmp_path: Path) -> None:
     with pytest.raises(ArtifactNotFoundError, match="not a content id"):
         store.verify("../../etc")
     assert store.list() == [] and not store.exists("0" * 64)
+
+
+def test_training_events_are_not_part_of_the_artifact(tmp_path: Path, lora_dir: Path) -> None:
+    """A recipe's TensorBoard events (different at every run) leave the content id and files alone."""
+    store = ArtifactStore(tmp_path / "store")
+    before = store.import_candidate(lora_dir)
+    write_tree(lora_dir, {"tensorboard/loop/events.out.tfevents.1.host": os.urandom(64)})
+    after = store.import_candidate(lora_dir)
+    assert after.content_id == before.content_id == expected_content_id(lora_dir.parent / "cand-lora", skip=(
+        "candidate.json", "tensorboard/loop/events.out.tfevents.1.host"))
+    assert all(not f.path.startswith("tensorboard/") for f in after.files)

@@ -259,3 +259,18 @@ def test_lineage_dot_is_valid_for_a_rollback(synthetic: Path) -> None:
     dot = graph.lineage_dot(chain, chain[-1]["release_id"], 5, {}, {}, {})
     assert dot.startswith("digraph lineage {") and dot.rstrip().endswith("}")
     assert dot.count('"parent"') == len(chain) - 1
+
+
+def test_candidate_training_curves(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-step log a recipe keeps in candidate.json reaches the registry and is plotted."""
+    data_dir = tmp_path / "data"
+    ensure_scenario(data_dir, SCENARIO, str(tiny_model))
+    view = register_candidate(data_dir, make_lora_candidate(tiny_model, tmp_path / "lora", SCENARIO, seed=4))
+    assert [r["step"] for r in view.training_log] == list(range(1, 21))
+    curves = data.training_curves(view.training_log + [{"step": 21, "epoch": 1.0, "loss": 0.1}])
+    assert set(curves["metric"]) == {"loss", "reward", "grad_norm", "learning_rate"}  # epoch is no curve
+    at = app(monkeypatch, data_dir, "http://127.0.0.1:9", "candidates")
+    assert not at.exception
+    assert at.multiselect(key="cand_curves").value == ["loss", "reward", "grad_norm", "learning_rate"]
+    at.multiselect(key="cand_curves").set_value(["loss"]).run()
+    assert not at.exception and "Training curves" in [h.value for h in at.subheader]

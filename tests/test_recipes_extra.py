@@ -142,6 +142,10 @@ def test_ttt_discovers_and_archives(tiny: Path, tmp_path: Path) -> None:
     assert scores == sorted(scores, reverse=True) and m["archive"][0]["text"] == m["best_solution"]
     assert len({e["text"] for e in m["archive"]}) == len(m["archive"])
     assert m["rounds"] == 10 and m["last_round_mean_score"] > m["first_round_mean_score"]
+    log = cand.training_log  # the custom loop's per-round metrics, as a Trainer's would be kept
+    assert [r["step"] for r in log] == list(range(1, 11))
+    assert all({"loss", "reward", "grad_norm", "learning_rate"} <= set(r) for r in log)
+    assert list((cand.path / "tensorboard").rglob("events.out.tfevents.*"))
     assert cand.kind == "lora" and m["snapshot_records"] == 0 and cand.lineage.recipe == "recipes.ttt.recipe:TTT"
     assert moved(load_candidate(cand.path), tiny)
 

@@ -126,6 +126,22 @@ else:
                     b.code(reply, language=None)
 
 # --- what the candidate is -----------------------------------------------------------------------
+st.subheader("Training curves")
+steps = data.training_curves(view.get("training_log") or [])
+if steps.height:
+    picked = st.multiselect("Metrics", sorted(steps["metric"].unique()), key="cand_curves",
+                            default=[m for m in data.DEFAULT_CURVES if m in set(steps["metric"])])
+    shown = steps.filter(pl.col("metric").is_in(picked or steps["metric"].unique().to_list()))
+    chart = alt.Chart(shown.to_pandas()).mark_line(point=shown["step"].n_unique() <= 40).encode(
+        x=alt.X("step:Q", title="optimizer step"), y=alt.Y("value:Q", title=None),
+        tooltip=["metric", "step", alt.Tooltip("value:Q", format=".4g")],
+    ).properties(height=160).facet(facet=alt.Facet("metric:N", title=None), columns=3).resolve_scale(y="independent")
+    st.altair_chart(chart)
+    st.caption("Per-step metrics the recipe logged (also TensorBoard event files in the candidate's "
+               "`tensorboard/` folder: `tensorboard --logdir data/candidates`).")
+else:
+    st.caption("No per-step training metrics recorded for this candidate.")
+
 left, right = st.columns(2)
 with left:
     st.markdown("**Training metrics**")

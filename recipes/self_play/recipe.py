@@ -183,8 +183,12 @@ class SelfPlay(Recipe):
                 "tasks": sorted({task_name(pool[i], i) for i in picked}),
                 "solver_reward": sum(s_all) / len(s_all) if s_all else None,
                 "unscored": sum(v is None for g in scores for v in g),
-                "loss": loss.item(), "grad_norm": float(grad_norm), "learning_rate": c.learning_rate,
+                "loss": loss.item(),
             })
+            self.training_log.log(step + 1, loss=loss.item(), proposer_reward=history[-1]["proposer_reward"],
+                                  solver_reward=history[-1]["solver_reward"],
+                                  learnable_fraction=history[-1]["learnable_fraction"], grad_norm=float(grad_norm),
+                                  learning_rate=c.learning_rate)
 
         def mean(key: str, rows: list[dict[str, Any]]) -> float | None:
             values = [h[key] for h in rows if h[key] is not None]

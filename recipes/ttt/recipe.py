@@ -121,10 +121,13 @@ class TTT(Recipe):
                                         max_length=c.max_length)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             history.append({"round": step, "mean_score": sum(scores) / len(scores), "max_score": max(scores),
                             "best_so_far": best[0]["score"], "loss": loss.item()})
+            self.training_log.log(step + 1, loss=loss.item(), reward=history[-1]["mean_score"],
+                                  max_reward=max(scores), best_so_far=best[0]["score"], grad_norm=float(grad_norm),
+                                  learning_rate=c.learning_rate)
             if c.stop_at_score is not None and best[0]["score"] >= c.stop_at_score:
                 break
         if not archive:

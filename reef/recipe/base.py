@@ -8,9 +8,11 @@ on an empty snapshot, which still pins the scenario and head release for lineage
 and reward come from the declared scenario (`recipe.scenario()`: tasks, reward, eval suite).
 
 `run(snapshot)` loads the base model (wrapped in LoRA when `kind: lora`), trains with a progress
-bar, saves a candidate vLLM can load (full weights with the base model's tokenizer files, or a
-PEFT adapter), writes `candidate.json` (metrics + lineage) and marks the snapshot's records
-consumed. The same call runs in a notebook, the CLI and the DVC train stage.
+bar, keeps the per-step training metrics (`self.training_log`: a Trainer's log history, or the
+rows a custom `fit()` logs with `self.training_log.log(step, ...)`), saves a candidate vLLM can
+load (full weights with the base model's tokenizer files, or a PEFT adapter), writes
+`candidate.json` (metrics, per-step log, lineage) and marks the snapshot's records consumed.
+The same call runs in a notebook, the CLI and the DVC train stage.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.recipe.spec import CANDIDATE_FILE, Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
+from reef.recipe.training_log import TrainingLog, keep_events, per_step, tensorboard_available
 from reef.scenario import Scenario, get_scenario
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ class Recipe(ABC):
         if declared is not None and declared.name and declared.name != self.config.scenario:
             raise ValueError(f"scenario {declared.name!r} given for a recipe configured for {self.config.scenario!r}")
         self._scenario = declared
+        self.training_log = TrainingLog()
         if not isinstance(self.config, self.config_class):
             raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}")
         if self.config.stale_policy not in self.stale_policies:
@@ -140,7 +144,11 @@ class Recipe(ABC):
     ) -> tuple[PreTrainedModel, dict[str, Any]]:
         """Train; returns the trained model (what gets saved) and metrics for candidate.json."""
         trainer = self.build_trainer(snapshot, model, tokenizer, output_dir)
+        if not getattr(self, "_progress", True):
+            # The per-step log dicts go to candidate.json and TensorBoard, not to stdout.
+            trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
         result = trainer.train()
+        self.training_log.rows = per_step(trainer.state.log_history)
         return trainer.model, {**result.metrics, **self.extra_metrics(trainer)}
 
     def extra_metrics(self, trainer: transformers.Trainer) -> dict[str, Any]:
@@ -160,7 +168,8 @@ class Recipe(ABC):
             gradient_accumulation_steps=c.gradient_accumulation_steps, seed=c.seed, data_seed=c.seed,
             # TRL defaults bf16 and gradient checkpointing on; on CPU both only cost time.
             use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=False,
-            logging_steps=max(1, (steps if steps > 0 else 100) // 10), save_strategy="no", report_to=[],
+            # Every step logged: the candidate keeps the curves (reef.recipe.training_log).
+            logging_steps=1, save_strategy="no", report_to=["tensorboard"] if tensorboard_available() else [],
             disable_tqdm=not progress, dataloader_num_workers=0, lr_scheduler_type="constant_with_warmup",
             warmup_steps=0,
         )
@@ -225,8 +234,13 @@ class Recipe(ABC):
         try:
             transformers.set_seed(self.config.seed)
             model, tokenizer = self.load_model()
-            trained, fitted = self.fit(snap, model, tokenizer, staging / ".trainer")
+            self.training_log = TrainingLog(staging / ".trainer")
+            try:
+                trained, fitted = self.fit(snap, model, tokenizer, staging / ".trainer")
+            finally:
+                self.training_log.close()
             staging.mkdir(parents=True, exist_ok=True)
+            keep_events(staging / ".trainer", staging)
             shutil.rmtree(staging / ".trainer", ignore_errors=True)
             self._save(trained, staging)
             metrics = {**fitted, "snapshot_records": len(snap.record_ids), "snapshot_counts": snap.manifest["counts"]}
@@ -236,7 +250,8 @@ class Recipe(ABC):
                 base_model_sha256=base_sha, versions=_versions(),
             )
             candidate = Candidate(id=cand_id, path=target, kind=self.config.kind, scenario=snap.scenario,
-                                  metrics=metrics, lineage=lineage, created_at=datetime.now(UTC).isoformat())
+                                  metrics=metrics, lineage=lineage, created_at=datetime.now(UTC).isoformat(),
+                                  training_log=self.training_log.rows)
             candidate.write(staging)
             replace_dir(staging, target)  # synced, and swapped in whole: never deleted first
         finally:

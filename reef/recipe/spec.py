@@ -121,6 +121,8 @@ class Candidate:
     metrics: dict[str, Any]
     lineage: Lineage
     created_at: str
+    # Per-step training metrics (loss, reward, kl, grad_norm, learning_rate, ...), one dict per step.
+    training_log: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

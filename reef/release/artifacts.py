@@ -45,6 +45,9 @@ FILES_DIR = "files"
 # path and created_at differ between two runs of the same weights), so it is not content: its
 # lineage goes into the manifest instead.
 CANDIDATE_FILE = "candidate.json"
+# A recipe's per-step TensorBoard events (reef.recipe.training_log): about the run, not the artifact,
+# and different at every run (wall times), so never part of the content id.
+TRAINING_EVENTS_DIR = "tensorboard"
 ADAPTER_CONFIG = "adapter_config.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _BLOCK = 1 << 20
@@ -174,7 +177,7 @@ class ArtifactStore:
         link: bool = False,
     ) -> ArtifactManifest:
         """Copy (or, with `link`, hardlink where the filesystem allows) `src` into the store."""
-        paths = [p for p in tree_files(src) if p != CANDIDATE_FILE]
+        paths = [p for p in tree_files(src) if p != CANDIDATE_FILE and not p.startswith(f"{TRAINING_EVENTS_DIR}/")]
         if not paths:
             raise ArtifactError(f"{src}: no files to import")
         _check_kind(src, kind, paths)

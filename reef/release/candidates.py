@@ -140,6 +140,7 @@ class CandidateView(BaseModel):
     created_at: datetime
     lineage: ReleaseLineage | None = None
     train_metrics: dict[str, Any] = Field(default_factory=dict)
+    training_log: list[dict[str, Any]] = Field(default_factory=list, description="per-step training metrics")
     gate: GateResult | None = None
     rejected_by: str | None = None
     reject_reason: str | None = None
@@ -229,7 +230,7 @@ class CandidateRegistry:
                 "kind": manifest.kind, "source": str(src.resolve()), "source_id": meta.get("id"),
                 "created_at": utcnow().isoformat(),
                 "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
-                "train_metrics": meta.get("metrics") or {},
+                "train_metrics": meta.get("metrics") or {}, "training_log": meta.get("training_log") or [],
             }))
         return self.get(manifest.content_id)
 
