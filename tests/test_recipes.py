@@ -153,6 +153,13 @@ def test_online_rl_end_to_end(kind: str, tiny: Path, store: Path, tmp_path: Path
     assert m["train_samples"] + m["zero_advantage"] + m["no_logprobs"] == m["samples"] > 0
     # Recorded by the same weights: the importance ratio starts at ~1 and the cap rarely binds.
     assert 0.8 < m["is_ratio"] < 1.25 and m["is_truncated"] < 0.2
+    # Every step's metrics are kept with the candidate: in candidate.json and as TensorBoard events.
+    steps = [r for r in cand.training_log if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all({"reward", "kl", "grad_norm", "learning_rate", "is_ratio"} <= set(r) for r in steps)
+    assert all(0.0 <= r["reward"] <= 1.0 and r["kl"] >= 0.0 for r in steps)
+    assert list((cand.path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert Candidate.read(cand.path).training_log == cand.training_log
     if kind == "lora":
         assert (cand.path / "adapter_config.json").exists() and not (cand.path / "model.safetensors").exists()
     model, _ = load_model(cand.path)
