@@ -13,12 +13,14 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from reef.config import resolve
 from reef.demo import corpus as demo_corpus
 from reef.demo import task as demo
 from reef.model import tiny
 from reef.model.corpus import build_corpus, contributions
-from reef.scenario import eval_suite, get_scenario
+from reef.scenario import EvalSuite, Scenario, eval_suite, get_scenario, reward_for, training_tasks
 
+REPO = Path(__file__).resolve().parents[1]
 QUICK_STEPS = 30  # enough to exercise every stage; the weights are meaningless
 
 
@@ -157,14 +159,15 @@ def test_train_and_eval_are_disjoint_and_stable() -> None:
 # --- the default model: weak, but learnable ------------------------------------------------------
 
 
-def _rejection_sampling_round(model, tok, tasks: list[demo.Task], seed: int) -> None:
-    """Sample 4 replies per train prompt, fine-tune on the correct ones (~2 epochs)."""
-    replies = tiny.generate_replies(model, tok, [t.messages for t in tasks], temperature=1.0, samples=4, seed=seed)
+def _rejection_sampling_round(model, tok, suite: EvalSuite, seed: int) -> None:
+    """Sample 4 replies per prompt of `suite`, fine-tune on the ones its reward scores 1 (~2 epochs)."""
+    replies = tiny.generate_replies(model, tok, suite.prompts, temperature=1.0, samples=4, seed=seed,
+                                    max_new_tokens=suite.max_new_tokens)
     docs = [
-        tiny.encode_chat(tok, [*t.messages, {"role": "assistant", "content": r}])
-        for t, rs in zip(tasks, replies, strict=True)
-        for r in rs
-        if demo.score(t, r) == 1.0
+        tiny.encode_chat(tok, [*t["messages"], {"role": "assistant", "content": r}])
+        for t, rs, scores in zip(suite.tasks, replies, suite.score(replies), strict=True)
+        for r, score in zip(rs, scores, strict=True)
+        if score.value == 1.0
     ]
     assert docs, "the base model never samples a right answer: RL would get no signal"
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
@@ -181,6 +184,13 @@ def _rejection_sampling_round(model, tok, tasks: list[demo.Task], seed: int) -> 
         loss.backward()
         optimizer.step()
     model.eval()
+
+
+def _train_suite(scenario: Scenario, round_: int) -> EvalSuite:
+    """The scenario's training prompts (never its eval rows), shuffled per round, with its reward."""
+    tasks = training_tasks(scenario)
+    random.Random(round_).shuffle(tasks)
+    return EvalSuite(tasks=tasks, reward=reward_for(scenario), max_new_tokens=scenario.eval.max_new_tokens)
 
 
 @pytest.fixture
@@ -202,8 +212,25 @@ def test_default_model_is_weak_but_learnable(tiny_model: Path, one_thread: None)
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    scenario = get_scenario("demo-add")
     for round_ in range(2):
-        _rejection_sampling_round(model, tok, demo.train_tasks(round_), seed=round_)
-    suite = eval_suite(get_scenario("demo-add"))
+        _rejection_sampling_round(model, tok, _train_suite(scenario, round_), seed=round_)
+    suite = eval_suite(scenario)
     learned = tiny.success_rate(model, tok, suite, temperature=1.0, samples=4, seed=99)
     assert learned >= 0.8, f"held-out success after 2 rounds of rejection sampling: {learned:.2f}"
+
+
+def test_default_model_is_weak_but_learnable_on_the_reviews_example(tiny_model: Path, one_thread: None) -> None:
+    """The second bundled example (examples/reviews, declared only in its serve.yaml): the corpus's
+    flipping teacher leaves the base model mostly wrong, and one rejection-sampling round on the
+    training reviews carries over to the held-out products."""
+    config, _ = resolve(config_file=REPO / "examples" / "reviews" / "serve.yaml")
+    scenario = config.scenario("reviews")
+    suite = eval_suite(scenario)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    base = tiny.success_rate(model, tok, suite, temperature=1.0, samples=8, seed=0)
+    assert 0.05 <= base <= 0.30, base
+    _rejection_sampling_round(model, tok, _train_suite(scenario, 0), seed=0)
+    learned = tiny.success_rate(model, tok, suite, temperature=1.0, samples=4, seed=99)
+    assert learned >= 0.7, f"held-out success after 1 round of rejection sampling: {learned:.2f} (base {base:.2f})"
