@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--requests", type=int, default=200)
     simulate.add_argument("--concurrency", type=int, default=8)
     simulate.add_argument("--url", default=DEFAULT_URL)
+    _add_scenario_parser(sub)
     _add_dashboard_parser(sub)
     from reef.release import cli as release_cli
 
@@ -217,6 +218,57 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_scenario_parser(sub: Any) -> None:
+    scenario = sub.add_parser("scenario", help="declared scenarios: list them, check one").add_subparsers(
+        dest="scenario_cmd", required=True)
+    ls = scenario.add_parser("list", help="every declared scenario: where, policy, recipe, eval size, reward")
+    ls.add_argument("-c", "--config", type=Path, help="serve.yaml (default: ./serve.yaml if present)")
+    check = scenario.add_parser(
+        "check", help="validate a scenario and measure the served model's base success on its eval suite")
+    check.add_argument("name")
+    check.add_argument("-c", "--config", type=Path, help="serve.yaml (default: ./serve.yaml if present)")
+    check.add_argument("--url", help="a running reef serve (its engine is asked, so nothing is recorded) or any "
+                       "OpenAI-compatible server; unset: start the config's engine for the check")
+    check.add_argument("--model", help="model name at --url (default: what it serves for the scenario)")
+    check.add_argument("--samples", type=int, help="replies per eval task (default: the scenario's eval.samples)")
+    check.add_argument("--limit", type=int, help="check only the first N eval tasks")
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    from reef.scenario import ScenarioError
+    from reef.scenario import check as checks
+
+    config, _ = resolve(config_file=args.config)
+    try:
+        if args.scenario_cmd == "list":
+            print(checks.render_table(checks.list_rows(config)))
+            return 0
+        if args.url is not None:
+            result = checks.check(args.name, config, args.url, args.model, samples=args.samples, limit=args.limit)
+        else:
+            checks.find_scenario(args.name, config)  # a bad name fails before an engine starts
+            if config.model is None and not Path(config.model_path).exists():
+                raise UsageError(f"no model at {config.model_path}: build the embedded one (reef model build-tiny), "
+                                 "set `model:` in serve.yaml, or give --url")
+            from reef.engine.supervisor import EngineSupervisor
+
+            engine = EngineSupervisor(config, Path(config.data_dir) / "logs" / "scenario-check-vllm.log")
+            print(f"reef: starting {config.model_path} for the check (give --url to use a running server)",
+                  file=sys.stderr, flush=True)
+            url = engine.start()
+            try:
+                result = checks.check(args.name, config, url, args.model, samples=args.samples, limit=args.limit)
+            finally:
+                engine.stop()
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from exc
+    except ConnectionError as exc:
+        print(f"reef: {exc}", file=sys.stderr)
+        return 1
+    print(result.render())
+    return 0
+
+
 def _add_dashboard_parser(sub: Any) -> None:
     dash = sub.add_parser("dashboard", help="the Streamlit dashboard on 127.0.0.1 (admin token: REEF_ADMIN_TOKEN)")
     dash.add_argument("--data-dir", type=Path, default=Path(os.environ.get("REEF_DATA_DIR") or "data"))
@@ -260,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "dashboard":
             return _dashboard(args)
+        if args.command == "scenario":
+            return _scenario(args)
         if args.command == "recipe":
             return _recipe(args)
         if args.command == "learn":

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from reef.config import ServeConfig
 
 ENTRY_POINT_GROUP = "reef.scenarios"
-_PATH_KEYS = {"eval", "tasks", "reward"}
 
 
 def _as_scenarios(obj: Any, origin: str) -> Iterable[Scenario]:
@@ -48,14 +47,25 @@ def packaged_scenarios() -> dict[str, Scenario]:
     return out
 
 
+def _absolute(scenario: Scenario) -> Scenario:
+    update: dict[str, Any] = {}
+    if scenario.eval is not None:
+        update["eval"] = scenario.eval.model_copy(update={"path": scenario.resolve_path(scenario.eval.path)})
+    if scenario.tasks is not None:
+        update["tasks"] = scenario.resolve_path(scenario.tasks)
+    return scenario.model_copy(update=update)
+
+
 def merge(base: Scenario | None, declared: Scenario) -> Scenario:
-    """`declared` (from serve.yaml) over `base` (from a package): only the keys the file set."""
+    """`declared` (from serve.yaml) over `base` (from a package): only the keys the file set. Each
+    path stays relative to where it was declared (the package's folder or serve.yaml's), and the
+    reward module is imported from where the reward was declared."""
     if base is None:
         return declared
-    override = {k: getattr(declared, k) for k in declared.model_fields_set if k != "name"}
-    if not _PATH_KEYS & set(override):
-        override.pop("base_dir", None)  # the package's paths stay relative to the package
-    return base.model_copy(update=override)
+    keys = declared.model_fields_set - {"name", "base_dir"}
+    file_side = _absolute(declared)
+    merged = _absolute(base).model_copy(update={k: getattr(file_side, k) for k in keys})
+    return merged.model_copy(update={"base_dir": declared.base_dir if "reward" in keys else base.base_dir})
 
 
 def all_scenarios(config: ServeConfig | None = None) -> dict[str, Scenario]:

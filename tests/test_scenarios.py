@@ -1,0 +1,266 @@
+"""The scenario contract as a user meets it: rewards (per task, TRL-style, judge), eval files (JSON
+lines, `datasets` folders), serve.yaml merged over a packaged scenario, and `reef scenario list` /
+`reef scenario check` with every bad declaration exiting 2 with a message naming scenario and key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reef.cli import main as reef_main
+from reef.config import resolve
+from reef.scenario import (
+    JudgeSpec,
+    RewardError,
+    ScenarioError,
+    Score,
+    all_scenarios,
+    eval_suite,
+    load_tasks,
+    parse_judge_score,
+)
+from reef.scenario.reward import function_reward, is_trl_style, judge_messages, judge_reward
+
+REPO = Path(__file__).resolve().parents[1]
+REVIEWS = REPO / "examples" / "reviews"
+TASK = {"messages": [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 2 + 3?"}],
+        "answer": 5}
+
+
+def write_module(folder: Path, body: str) -> str:
+    """A reward module outside reef/, under a fresh name (modules are cached per process)."""
+    name = f"user_reward_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(body)
+    return name
+
+
+def write_scenario(folder: Path, reward: str | None, *, rows: list[dict] | None = None, extra: dict | None = None,
+                   eval_path: str = "eval.jsonl") -> Path:
+    """A serve.yaml declaring scenario `support` with an eval file next to it."""
+    rows = [TASK] * 3 if rows is None else rows
+    (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {"eval": {"path": eval_path, "max_new_tokens": 8, "samples": 2}, **(extra or {})}
+    if reward is not None:
+        spec["reward"] = reward
+    (folder / "serve.yaml").write_text(yaml.safe_dump({"scenarios": {"support": spec}}))
+    return folder / "serve.yaml"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = reef_main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# --- rewards --------------------------------------------------------------------------------------
+
+
+def test_per_task_reward_with_feedback_and_trl_style_reward(tmp_path: Path) -> None:
+    name = write_module(tmp_path, '''
+def per_task(task, reply):
+    return (1.0, "right") if str(task["answer"]) in reply else 0
+
+
+def trl(prompts, completions, answer, **kwargs):
+    assert prompts[0][-1]["role"] == "user" and completions[0][0]["role"] == "assistant"
+    return [1.0 if str(a) in c[0]["content"] else 0.0 for c, a in zip(completions, answer)]
+''')
+    per_task = function_reward(f"{name}:per_task", tmp_path)
+    trl = function_reward(f"{name}:trl", tmp_path)
+    assert per_task([TASK, TASK], ["Answer: 5", "Answer: 4"]) == [Score(1.0, "right"), Score(0.0)]
+    assert trl([TASK, TASK], ["Answer: 5", "Answer: 4"]) == [Score(1.0), Score(0.0)]
+    module = sys.modules[name]
+    assert is_trl_style(module.trl) and not is_trl_style(module.per_task)
+
+
+@pytest.mark.parametrize("body, match", [
+    ("def r(task, reply):\n    raise KeyError('label')\n", "raised KeyError"),
+    ("def r(task, reply):\n    return 'good'\n", "not a number"),
+    ("def r(task, reply):\n    return (1.0, 2.0)\n", "feedback str"),
+    ("def r(task, reply):\n    return float('nan')\n", "not a finite number"),
+    ("def r(prompts, completions, **kw):\n    return [1.0]\n", "expected 2 floats"),
+])
+def test_a_bad_reward_is_a_reward_error(tmp_path: Path, body: str, match: str) -> None:
+    reward = function_reward(f"{write_module(tmp_path, body)}:r", tmp_path)
+    with pytest.raises(RewardError, match=match):
+        reward([TASK, TASK], ["a", "b"])
+
+
+def test_judge_prompt_and_score_parsing() -> None:
+    spec = JudgeSpec(rubric="Full marks for the right sum.", scale=10)
+    task = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}]}]}
+    system, user = judge_messages(spec, task, "Answer: 5")
+    assert system["role"] == "system" and "0 to 10" in system["content"]
+    assert user["content"].startswith("Rubric:\nFull marks for the right sum.")
+    assert "user: What is 2 + 3?" in user["content"] and "Reply to grade:\nAnswer: 5" in user["content"]
+    assert parse_judge_score("Score: 7", 10) == 0.7
+    assert parse_judge_score("score=1") == 1.0
+    assert parse_judge_score("I give it 3/4.") == 0.75
+    assert parse_judge_score(" 0.5 ") == 0.5
+    assert parse_judge_score("Score: 12", 10) is None  # out of range: not a score
+    assert parse_judge_score("Answer: 5") is None
+    assert parse_judge_score("") is None
+
+
+@pytest.mark.vllm
+def test_judge_against_the_real_engine(vllm_url: str) -> None:
+    """The tiny model as its own judge: whatever it writes, an unparseable reply is Score(None, ...)
+    (missing, never 0) and a parseable one is in [0, 1]."""
+    reward = judge_reward(JudgeSpec(rubric="1 if the sum is right, else 0.", max_tokens=12, votes=2),
+                          vllm_url, "reef-tiny")
+    tasks = [TASK, {**TASK, "messages": [{"role": "user", "content": "Score this: 7"}]}]
+    scores = reward(tasks, ["Answer: 5", "Score: 1"])
+    assert len(scores) == 2
+    for score in scores:
+        assert score.feedback, "the judge's reply (or why it could not be scored) is kept"
+        if score.value is None:
+            assert score.feedback.startswith("judge reply not scorable")
+        else:
+            assert 0.0 <= score.value <= 1.0
+    with pytest.raises(RewardError, match="no url/model"):  # no judge url and no served engine given
+        judge_reward(JudgeSpec(rubric="r"))([TASK], ["x"])
+
+
+# --- eval files and declarations ------------------------------------------------------------------
+
+
+def test_eval_rows_from_a_datasets_folder(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{**TASK, "answer": i} for i in range(4)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "pq").mkdir()
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "pq" / "part-0.parquet"))
+    for folder in ("saved", "pq"):
+        got = load_tasks(tmp_path / folder, "support: eval.path")
+        assert [t["answer"] for t in got] == [0, 1, 2, 3] and got[0]["messages"] == TASK["messages"]
+    with pytest.raises(ScenarioError, match="support: eval.path: .* holds neither"):
+        (tmp_path / "empty").mkdir()
+        load_tasks(tmp_path / "empty", "support: eval.path")
+
+
+def test_serve_yaml_merges_over_a_packaged_scenario(tmp_path: Path) -> None:
+    (tmp_path / "serve.yaml").write_text("scenarios:\n  demo-add:\n    policy: auto\n    eval: {path: "
+                                         f"{REPO / 'reef/demo/data/eval.jsonl'}, samples: 2, limit: 5}}\n")
+    config, _ = resolve(config_file=tmp_path / "serve.yaml")
+    merged = all_scenarios(config)["demo-add"]
+    assert merged.policy == "auto" and merged.eval is not None and merged.eval.samples == 2
+    assert merged.reward == "reef.demo.task:reward", "keys the file did not set stay the package's"
+    assert merged.tasks is not None and merged.resolve_path(merged.tasks).is_file()
+    assert len(eval_suite(merged).tasks) == 5
+    policy_only = resolve(config_file=write_scenario(tmp_path, None, extra={}))[0]  # another scenario
+    assert all_scenarios(policy_only)["demo-add"].policy is None
+
+
+def test_scenario_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = write_module(tmp_path, "def r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    config = write_scenario(tmp_path, f"{name}:r", extra={"recipe": "rft", "policy": "auto"})
+    code, out, _ = run_cli(capsys, "scenario", "list", "-c", str(config))
+    assert code == 0
+    header, *lines = out.splitlines()
+    assert header.split() == ["scenario", "declared", "policy", "recipe", "eval", "reward"]
+    support = next(line for line in lines if line.startswith("support"))
+    assert "serve.yaml" in support and " auto " in support and " rft " in support and " 3 " in support
+    assert f"{name}:r (TRL-style)" in support
+    demo = next(line for line in lines if line.startswith("demo-add"))
+    assert "package (reef.demo.scenario:scenario)" in demo and "(per task)" in demo and " 80 " in demo
+
+
+UNREACHABLE = "http://127.0.0.1:9"  # a declaration fault is found before any request is sent
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("missing eval file", "scenario 'support': eval.path: "),
+    ("unimportable reward", "scenario 'support': reward: cannot import 'no_such_module_x'"),
+    ("no such function", "has no attribute 'nope'"),
+    ("unknown key", "scenarios.support.evaluation"),
+    ("bad eval row", "row 1: `messages` must be a non-empty list"),
+    ("undeclared scenario", "scenario 'nobody' is not declared"),
+])
+def test_bad_declarations_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, expect: str) -> None:
+    good = write_module(tmp_path, "def r(task, reply):\n    return 1.0\n")
+    name = "support"
+    if case == "missing eval file":
+        config = write_scenario(tmp_path, f"{good}:r", eval_path="nowhere/eval.jsonl")
+    elif case == "unimportable reward":
+        config = write_scenario(tmp_path, "no_such_module_x:score")
+    elif case == "no such function":
+        config = write_scenario(tmp_path, f"{good}:nope")
+    elif case == "unknown key":
+        config = write_scenario(tmp_path, f"{good}:r", extra={"evaluation": {"path": "eval.jsonl"}})
+    elif case == "bad eval row":
+        config = write_scenario(tmp_path, f"{good}:r", rows=[TASK, {"prompt": "hi"}])
+    else:
+        config, name = write_scenario(tmp_path, f"{good}:r"), "nobody"
+    code, out, err = run_cli(capsys, "scenario", "check", name, "-c", str(config), "--url", UNREACHABLE)
+    assert code == 2, (out, err)
+    assert expect in err and "Traceback" not in err
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("body, expect", [
+    ("def r(task, reply):\n    return task['answer'] == reply\n", "returned False, not a number"),
+    ("def r(task, reply):\n    raise RuntimeError('verifier down')\n", "raised RuntimeError: verifier down"),
+    ("def r(prompts, completions, **kw):\n    return 'all good'\n", "expected 3 floats"),
+])
+def test_a_reward_that_fails_on_real_replies_exits_2(vllm_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     body: str, expect: str) -> None:
+    config = write_scenario(tmp_path, f"{write_module(tmp_path, body)}:r", rows=[TASK, TASK, TASK])
+    code, out, err = run_cli(capsys, "scenario", "check", "support", "-c", str(config), "--url", vllm_url,
+                             "--samples", "1")
+    assert code == 2, (out, err)
+    assert "scenario 'support': reward: " in err and expect in err
+
+
+@pytest.mark.vllm
+def test_check_measures_base_success_with_a_ci(vllm_url: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    name = write_module(tmp_path, "def r(task, reply):\n    return 1.0 if reply.startswith('Answer:') else 0.0\n")
+    config = write_scenario(tmp_path, f"{name}:r")
+    code, out, err = run_cli(capsys, "scenario", "check", "support", "-c", str(config), "--url", vllm_url)
+    assert code == 0, err
+    assert "3 eval rows valid" in out and "reward ran on 6 replies of reef-tiny" in out
+    last = out.splitlines()[-1]
+    assert last.startswith("base success ") and "95% CI" in last and "3 tasks x 2 samples" in last
+
+
+@pytest.mark.vllm
+def test_check_the_bundled_reviews_example(vllm_url: str) -> None:
+    """The second bundled example, as a user runs it: from its folder, its serve.yaml, a subprocess."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REEF_")}
+    out = subprocess.run([sys.executable, "-m", "reef.cli", "scenario", "check", "reviews", "--url", vllm_url,
+                          "--limit", "20"], cwd=REVIEWS, capture_output=True, text=True, env=clean, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "80 eval rows valid, 320 task rows" in out.stdout
+    assert "base success " in out.stdout.splitlines()[-1]
+
+
+def test_the_reviews_example_is_declared_only_through_the_contract() -> None:
+    """examples/reviews: its serve.yaml alone declares it; eval rows are held out from the tasks (by
+    product, too); its reward is a TRL-style function that imports nothing of Reef; the jsonl files
+    are what generate.py writes."""
+    config, _ = resolve(config_file=REVIEWS / "serve.yaml")
+    scenario = all_scenarios(config)["reviews"]
+    suite = eval_suite(scenario)
+    tasks = load_tasks(scenario.resolve_path(scenario.tasks), "reviews: tasks")
+    assert len(suite.tasks) == 80 and len(tasks) == 320
+    prompts = lambda rows: {r["messages"][-1]["content"] for r in rows}  # noqa: E731
+    assert not prompts(suite.tasks) & prompts(tasks)
+    assert not {r["product"] for r in suite.tasks} & {r["product"] for r in tasks}
+    assert {r["label"] for r in suite.tasks} == {"positive", "negative"}
+    assert is_trl_style(sys.modules["reward"].reward) and "reef" not in (REVIEWS / "reward.py").read_text()
+    right = [f"Label: {t['label']}" for t in suite.tasks[:4]]
+    wrong = ["Label: " + ("negative" if t["label"] == "positive" else "positive") for t in suite.tasks[:4]]
+    assert [s.value for s in suite.reward(suite.tasks[:4], right)] == [1.0] * 4
+    assert [s.value for s in suite.reward(suite.tasks[:4], wrong)] == [0.0] * 4
+    assert config.scenario("reviews").recipe_spec(config.recipes).recipe == "rft"
+    before = {name: (REVIEWS / name).read_bytes() for name in ("eval.jsonl", "tasks.jsonl")}
+    subprocess.run([sys.executable, str(REVIEWS / "generate.py")], check=True, capture_output=True)
+    assert {name: (REVIEWS / name).read_bytes() for name in before} == before
