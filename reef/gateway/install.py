@@ -18,6 +18,7 @@ import json
 import re
 import secrets
 import shlex
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
@@ -206,8 +207,16 @@ export REEF_SCENARIO={shlex.quote(scenario)}
 """
 
 
-@router.get("/reef/harness/install", response_class=PlainTextResponse, responses=errors(400, 422, 503))
-async def install(request: Request, adapter: str = Query(description="pi | openai"),
+def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    # The script is text/plain, its errors are JSON: say so, or the document claims text/plain errors.
+    ref = {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
+    return {s: {"description": e["description"], "content": {"application/json": ref}}
+            for s, e in errors(*statuses).items()}
+
+
+@router.get("/reef/harness/install", response_class=PlainTextResponse, responses=_json_errors(400, 422, 503))
+async def install(request: Request, adapter: str = Query(description="pi | openai",
+                                                         json_schema_extra={"enum": list(ADAPTERS)}),
                   scenario: str = Query(default="default", pattern=SCENARIO_RE.pattern)) -> PlainTextResponse:
     if adapter not in ADAPTERS:
         raise ReefError(400, f"unknown adapter {adapter!r}; known adapters: {', '.join(ADAPTERS)}", param="adapter",
