@@ -35,7 +35,9 @@ class EngineConfig(_Strict):
     """The vLLM OpenAI server that `reef serve` starts and supervises."""
 
     port: int | None = Field(default=None, description="private loopback port; free port if unset")
-    max_model_len: int = 1024
+    max_model_len: int | None = Field(
+        default=None, description="vLLM --max-model-len; unset: the model's own (4096 for the embedded one)"
+    )
     dtype: str | None = Field(default=None, description="vLLM --dtype; unset: the checkpoint's own dtype")
     kv_cache_gib: int = Field(default=2, ge=1)
     enforce_eager: bool = False
@@ -43,6 +45,14 @@ class EngineConfig(_Strict):
     enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")
     max_lora_rank: int = Field(default=16, ge=1)
     max_loras: int = Field(default=4, ge=1, description="adapters per batch; the head, the previous and a canary")
+    tool_parser: str | None = Field(
+        default="hermes",
+        description="vLLM --tool-call-parser, with --enable-auto-tool-choice (clients send tools with "
+        "tool_choice auto); the embedded model writes hermes-style <tool_call> JSON; null: no tool parsing",
+    )
+    chat_template: str | None = Field(
+        default=None, description="vLLM --chat-template (a file or template text); unset: the model's own"
+    )
     extra_args: list[str] = Field(default_factory=list, description="passed to vLLM as they are")
 
 

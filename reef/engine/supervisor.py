@@ -107,13 +107,18 @@ class EngineSupervisor:
             "--model", self.config.model_path,
             "--served-model-name", self.config.model_name,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(engine.max_model_len),
             "--dtype", engine.dtype or checkpoint_dtype(self.config.model_path),
             "--seed", str(self.config.seed),
             "--disable-uvicorn-access-log",
         ]
+        if engine.max_model_len:
+            cmd += ["--max-model-len", str(engine.max_model_len)]
         if engine.enforce_eager:
             cmd.append("--enforce-eager")
+        if engine.tool_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_parser]
+        if engine.chat_template:
+            cmd += ["--chat-template", engine.chat_template]
         if engine.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras)]
         return cmd + list(engine.extra_args)

@@ -19,15 +19,34 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # --- pydantic models -------------------------------------------------------------------------
 
 
+class ToolCall(BaseModel):
+    """A function call an assistant turn made (a streamed one assembled from its deltas)."""
+
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    # The arguments exactly as the model wrote them (JSON text, possibly invalid: that is experience too).
+    arguments: str = ""
+
+
+class ContentPart(BaseModel):
+    """One part of a multi-part message content (`[{"type": "text", "text": ...}, ...]`)."""
+
+    type: str
+    text: str | None = None
+
+
 class Message(BaseModel):
-    """One chat message as the client sent it, flattened to text; the exact request is in
-    `Record.request_json`."""
+    """One chat message as the client sent it: `content` is its text (text parts joined), `parts`
+    its content parts when it sent a list; the exact request is in `Record.request_json`. A `tool`
+    message is a tool result, answering the call `tool_call_id`."""
 
     role: str
     content: str | None = None
+    parts: list[ContentPart] = Field(default_factory=list)
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls_json: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class Choice(BaseModel):
@@ -36,9 +55,19 @@ class Choice(BaseModel):
     index: int
     content: str | None = None
     finish_reason: str | None = None
-    tool_calls_json: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
+
+
+class Tool(BaseModel):
+    """A tool the request offered the model; JSON schemas vary too much for one column type, so the
+    parameters stay JSON text."""
+
+    type: str = "function"
+    name: str
+    description: str | None = None
+    parameters_json: str = "{}"
 
 
 class Tag(BaseModel):
@@ -61,6 +90,9 @@ class Record(BaseModel):
     response_id: str = Field(default="", alias="gen_ai.response.id")
     release_id: str
     messages: list[Message]
+    tools: list[Tool] = Field(default_factory=list)
+    # "auto", "none", "required", or a named function as JSON; None when the request set none.
+    tool_choice: str | None = None
     # Sampling parameters: the common ones as columns, all of them (minus messages) as JSON.
     temperature: float | None = Field(default=None, alias="gen_ai.request.temperature")
     top_p: float | None = Field(default=None, alias="gen_ai.request.top_p")
@@ -104,6 +136,8 @@ class Report(BaseModel):
     report_id: str
     scenario: str
     record_ids: list[str]
+    # Set when the report credited a whole session: record_ids are its turns when it arrived.
+    session_id: str | None = None
     score: float
     feedback: str | None = None
     metadata_json: str = "{}"
@@ -114,18 +148,25 @@ class Report(BaseModel):
 
 # --- datasets.Features: the on-disk schema of the parquet shards -----------------------------
 
+_TOOL_CALL = {
+    "id": datasets.Value("string"),
+    "type": datasets.Value("string"),
+    "name": datasets.Value("string"),
+    "arguments": datasets.Value("string"),
+}
 _MESSAGE = {
     "role": datasets.Value("string"),
     "content": datasets.Value("string"),
+    "parts": datasets.List({"type": datasets.Value("string"), "text": datasets.Value("string")}),
     "name": datasets.Value("string"),
     "tool_call_id": datasets.Value("string"),
-    "tool_calls_json": datasets.Value("string"),
+    "tool_calls": datasets.List(_TOOL_CALL),
 }
 _CHOICE = {
     "index": datasets.Value("int32"),
     "content": datasets.Value("string"),
     "finish_reason": datasets.Value("string"),
-    "tool_calls_json": datasets.Value("string"),
+    "tool_calls": datasets.List(_TOOL_CALL),
     "token_ids": datasets.List(datasets.Value("int32")),
     "logprobs": datasets.List(datasets.Value("float32")),
 }
@@ -143,6 +184,15 @@ RECORD_FEATURES = datasets.Features(
         "gen_ai.response.id": datasets.Value("string"),
         "release_id": datasets.Value("string"),
         "messages": datasets.List(_MESSAGE),
+        "tools": datasets.List(
+            {
+                "type": datasets.Value("string"),
+                "name": datasets.Value("string"),
+                "description": datasets.Value("string"),
+                "parameters_json": datasets.Value("string"),
+            }
+        ),
+        "tool_choice": datasets.Value("string"),
         "gen_ai.request.temperature": datasets.Value("float64"),
         "gen_ai.request.top_p": datasets.Value("float64"),
         "gen_ai.request.max_tokens": datasets.Value("int64"),
@@ -172,6 +222,7 @@ REPORT_FEATURES = datasets.Features(
         "report_id": datasets.Value("string"),
         "scenario": datasets.Value("string"),
         "record_ids": datasets.List(datasets.Value("string")),
+        "session_id": datasets.Value("string"),
         "score": datasets.Value("float64"),
         "feedback": datasets.Value("string"),
         "metadata_json": datasets.Value("string"),
@@ -202,7 +253,12 @@ def record_content_hash(scenario: str, messages: list[Message], choices: list[Ch
     return sha256_json(
         [
             scenario,
-            [[m.role, m.content, m.tool_calls_json] for m in messages],
-            [[c.content, c.tool_calls_json] for c in choices],
+            [[m.role, m.content, _calls(m.tool_calls)] for m in messages],
+            [[c.content, _calls(c.tool_calls)] for c in choices],
         ]
     )
+
+
+def _calls(calls: list[ToolCall]) -> list[list[str]] | None:
+    # None without calls: records without tool calls keep the hashes they always had.
+    return [[c.name, c.arguments] for c in calls] or None

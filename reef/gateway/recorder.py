@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from reef.experience.schema import Choice, Message, Record, Tag, record_content_hash
+from reef.experience.schema import Choice, ContentPart, Message, Record, Tag, Tool, ToolCall, record_content_hash
 from reef.gateway.sessions import _text, reply_hashes
 
 
@@ -145,25 +145,62 @@ class StreamAccumulator:
         }
 
 
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _tool_calls(calls: Any) -> list[ToolCall]:
+    """OpenAI `tool_calls` as columns; arguments stay the JSON text the model wrote (a client that
+    resends them parsed gets them serialised)."""
+    out = []
+    for call in calls if isinstance(calls, list) else ():
+        if not isinstance(call, dict):
+            continue
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        out.append(ToolCall(id=_str(call.get("id")), type=str(call.get("type") or "function"),
+                            name=str(fn.get("name") or ""), arguments=_str(fn.get("arguments")) or ""))
+    return out
+
+
+def _parts(content: Any) -> list[ContentPart]:
+    if not isinstance(content, list):
+        return []
+    return [ContentPart(type=str(p.get("type", "")), text=_str(p.get("text")))
+            for p in content if isinstance(p, dict)]
+
+
 def _message(m: dict[str, Any]) -> Message:
-    calls = m.get("tool_calls")
     return Message(
         role=str(m.get("role", "")),
         content=_text(m.get("content")) if m.get("content") is not None else None,
-        name=m.get("name"),
-        tool_call_id=m.get("tool_call_id"),
-        tool_calls_json=orjson.dumps(calls).decode() if calls else None,
+        parts=_parts(m.get("content")),
+        name=_str(m.get("name")),
+        tool_call_id=_str(m.get("tool_call_id")),
+        tool_calls=_tool_calls(m.get("tool_calls")),
     )
+
+
+def _tools(tools: Any) -> list[Tool]:
+    out = []
+    for tool in tools if isinstance(tools, list) else ():
+        fn = tool.get("function") if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else {}
+        if not fn.get("name"):
+            continue
+        out.append(Tool(type=str(tool.get("type") or "function"), name=str(fn["name"]),
+                        description=_str(fn.get("description")),
+                        parameters_json=orjson.dumps(fn.get("parameters") or {}).decode()))
+    return out
 
 
 def _choice(c: dict[str, Any]) -> Choice:
     message = c.get("message") or {}
-    calls = message.get("tool_calls")
     return Choice(
         index=c.get("index", 0),
         content=message.get("content"),
         finish_reason=c.get("finish_reason"),
-        tool_calls_json=orjson.dumps(calls).decode() if calls else None,
+        tool_calls=_tool_calls(message.get("tool_calls")),
         token_ids=c.get("token_ids") or [],
         logprobs=_logprobs(c),
     )
@@ -209,6 +246,8 @@ def build_record(ex: Exchange, upstream_response: dict[str, Any], client_respons
         response_id=str(upstream_response.get("id", "")),
         release_id=ex.release_id,
         messages=parsed_messages,
+        tools=_tools(ex.body.get("tools")),
+        tool_choice=_str(ex.body.get("tool_choice")),
         temperature=ex.body.get("temperature"),
         top_p=ex.body.get("top_p"),
         max_tokens=ex.body.get("max_completion_tokens") or ex.body.get("max_tokens"),

@@ -26,11 +26,25 @@ def _text(content: Any) -> str:
     return str(content)
 
 
+def _arguments(arguments: Any) -> str:
+    """Arguments compared by value: agents parse the model's JSON and send it back re-serialised
+    (`{"a":1}` for the model's `{"a": 1}`), or as an object."""
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    try:
+        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return str(arguments)
+
+
 def _tool_calls(calls: Any) -> list[list[str]]:
     out = []
     for call in calls or []:
         fn = (call or {}).get("function") or {}
-        out.append([str(fn.get("name", "")), str(fn.get("arguments", ""))])
+        out.append([str(fn.get("name", "")), _arguments(fn.get("arguments", ""))])
     return out
 
 

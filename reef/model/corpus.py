@@ -31,12 +31,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
+from reef.model.chat_format import Chat, split_tools, tool_call_text, tool_signature
+
 ENTRY_POINT_GROUP = "reef.corpus"
 STAGES = ("learn", "calibrate")
 # (general chats, plain texts) per stage: English runs through both stages so it is not forgotten.
 GENERAL_PER_STAGE = {"learn": (800, 400), "calibrate": (1600, 800)}
 
-Chat = list[dict[str, str]]
 Contribution = Callable[[random.Random], Mapping[str, list[Chat]]]
 
 _ADJ = (
@@ -131,7 +132,13 @@ class Corpus:
         for stage in self.stages:
             out.extend(stage.texts)
             for chat in stage.chats:
-                out.extend(f"{m['role']}\n{m['content']}" for m in chat)
+                messages, tools = split_tools(chat)
+                if tools:
+                    out.append("<tools>" + "".join("\n" + tool_signature(t) for t in tools) + "\n</tools>")
+                for m in messages:
+                    text = m["content"] if isinstance(m.get("content"), str) else ""
+                    text += "".join(tool_call_text(c) for c in m.get("tool_calls") or ())
+                    out.append(f"{m['role']}\n{text}")
         return out
 
 

