@@ -2,7 +2,10 @@
 completions whose reported score passed `min_score`.
 
 The threshold is part of the experience spec, so records below it are never snapshotted and
-never consumed: a later recipe (online_rl) can still learn from them. Stale samples are dropped
+never consumed: a later recipe (online_rl) can still learn from them. With `trajectories: true` a
+training example is a whole session (every turn of an agent's run, the loss on the model's own
+tokens only, see `reef.recipe.trajectory`): report a session (`session_id`) and every turn is
+credited. Stale samples are dropped
 (`stale_policy: drop` only): imitating a behaviour is only sensible while it is close to the
 current policy, and SFTTrainer has no per-sample weights to down-weight them with.
 """
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
-from reef.recipe.tokens import CutStats, sft_examples
+from reef.recipe.tokens import CutStats, sft_examples, trajectory_examples
 
 if TYPE_CHECKING:
     from trl import SFTTrainer
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 class RFTConfig(RecipeConfig):
     min_score: float | None = 1.0
     learning_rate: float = 5e-4
+    trajectories: bool = False  # one example per session instead of per call
 
 
 class RFT(Recipe):
@@ -41,7 +45,11 @@ class RFT(Recipe):
 
         c = self.config
         self._cuts = CutStats()
-        self._dataset = sft_examples(snapshot.samples(), c.max_length, self._cuts).remove_columns("record_id")
+        if c.trajectories:
+            trajs = snapshot.trajectories()
+            self._dataset = trajectory_examples(trajs, c.max_length, self._cuts).remove_columns("session_id")
+        else:
+            self._dataset = sft_examples(snapshot.samples(), c.max_length, self._cuts).remove_columns("record_id")
         args = SFTConfig(**self.training_args(output_dir), max_length=c.max_length, packing=False)
         return SFTTrainer(model=model, args=args, train_dataset=self._dataset, processing_class=tokenizer)
 

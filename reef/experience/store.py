@@ -305,6 +305,20 @@ class ExperienceStore:
         model = TABLES[table][0]
         return model.model_validate(df.row(0, named=True))  # type: ignore[return-value]
 
+    def session_records(self, scenario: str, session_id: str) -> list[str]:
+        """Ids of the durable records of one session (its turns), oldest first."""
+        with self._lock:
+            rows = list(self._mem.get((scenario, "records"), {}).values())
+        found = {m.obj.record_id: m.obj.created_at for m in rows
+                 if isinstance(m.obj, Record) and m.obj.session_id == session_id}
+        if shards.has_shards(self.data_dir, scenario, "records"):
+            df = (pl.scan_parquet(shards.shard_glob(self.data_dir, scenario, "records"))
+                  .filter(pl.col("gen_ai.conversation.id") == session_id)
+                  .select("record_id", "created_at").collect())
+            for record_id, created_at in df.iter_rows():
+                found.setdefault(record_id, created_at)
+        return sorted(found, key=lambda r: (found[r], r))
+
     def stats(self) -> dict[str, ScenarioStats]:
         now = time.monotonic()
         with self._lock:

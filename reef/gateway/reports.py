@@ -8,6 +8,7 @@ gateway acknowledged with 200 is lost: the report is fsynced before the answer.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Annotated, Any
 
@@ -26,10 +27,11 @@ from reef.gateway.state import get_state
 router = APIRouter()
 
 
-# What _names_records checks, in the document too: a record id, or a non-empty list of them.
+# What _names_records checks, in the document too: a record id, a non-empty list of them, or a session.
 _NAMES_A_RECORD = {"anyOf": [
     {"required": ["agent_record_id"], "properties": {"agent_record_id": {"type": "string"}}},
     {"required": ["references"], "properties": {"references": {"type": "array", "minItems": 1}}},
+    {"required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
 ]}
 
 
@@ -38,6 +40,7 @@ class ReportIn(BaseModel):
 
     agent_record_id: str | None = Field(default=None, min_length=1)
     references: list[Annotated[str, Field(min_length=1)]] | None = None
+    session_id: str | None = Field(default=None, min_length=1, description="credit every turn of this session")
     score: float = Field(allow_inf_nan=False)
     feedback: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -53,8 +56,8 @@ class ReportIn(BaseModel):
 
     @model_validator(mode="after")
     def _names_records(self) -> ReportIn:
-        if not self.record_ids():
-            raise ValueError("name a record: agent_record_id or references")
+        if not self.record_ids() and not self.session_id:
+            raise ValueError("name a record or a session: agent_record_id, references or session_id")
         return self
 
     def record_ids(self) -> list[str]:
@@ -79,8 +82,16 @@ def _key(request: Request) -> ApiKey | None:
 async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st = get_state(request)
     scenario = h.scenario_of(request)
-    record_ids = body.record_ids()
-    for record_id in record_ids:
+    named = body.record_ids()
+    record_ids = list(named)
+    if body.session_id:
+        h.valid_id(body.session_id, "session_id")
+        turns = await asyncio.to_thread(st.store.session_records, scenario, body.session_id)
+        if not turns:
+            raise ReefError(404, f"no session {body.session_id} in scenario {scenario!r}", param="session_id",
+                            code="session_not_found")
+        record_ids = list(dict.fromkeys([*record_ids, *turns]))
+    for record_id in named:
         if st.inflight.get(record_id) is not None:
             await st.inflight.wait(record_id, st.config.report_wait_s)
         known = st.store.record_index(record_id)
@@ -88,7 +99,11 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
         if known is None or known[0] != scenario:
             raise ReefError(404, f"no record {record_id} in scenario {scenario!r}", param="agent_record_id",
                             code="record_not_found")
-    content = [scenario, record_ids, body.score, body.feedback, body.metadata]
+    # What the client asked, not what a session held at the time: a retry of a session report is
+    # the same report even after the session grew.
+    content = [scenario, named, body.score, body.feedback, body.metadata]
+    if body.session_id:
+        content.append(body.session_id)
     content_hash = sha256_json(content)
     report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
     if st.inflight_reports.get(report_id) is not None:  # a concurrent retry of the same report
@@ -98,13 +113,15 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
         if tuple(known_report) != (scenario, content_hash):
             raise ReefError(409, f"report {report_id} exists with other content", param="report_id",
                             code="report_id_conflict")
-        return ReportReceipt(report_id=report_id, agent_record_ids=record_ids, duplicate=True)
+        stored = st.store.get_report(report_id)
+        return ReportReceipt(report_id=report_id, agent_record_ids=stored.record_ids if stored else record_ids,
+                             duplicate=True)
     st.inflight_reports.begin(report_id, scenario, content_hash)
     durable = False
     try:
         await st.store.append_report(Report(
-            report_id=report_id, scenario=scenario, record_ids=record_ids, score=body.score,
-            feedback=body.feedback, metadata_json=orjson.dumps(body.metadata).decode(),
+            report_id=report_id, scenario=scenario, record_ids=record_ids, session_id=body.session_id,
+            score=body.score, feedback=body.feedback, metadata_json=orjson.dumps(body.metadata).decode(),
             created_at=utcnow(), content_hash=content_hash,
         ))
         durable = True

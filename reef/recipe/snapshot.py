@@ -44,6 +44,8 @@ class EmptySnapshotError(RuntimeError):
 def _group_key(row: dict[str, Any], group_by: str | None) -> str | None:
     if group_by is None:
         return row["record_id"]
+    if group_by == "scenario":  # one group: every session of the scenario is a try at the same task
+        return "scenario"
     if group_by == "prompt":
         # The served prompt ids, not the text: two renderings of one chat are one prompt only if
         # the model saw the same tokens.
@@ -185,6 +187,14 @@ class Snapshot:
                 "logprobs", "finish_reason", pl.col("content").alias("text"),
             )
         )
+
+    def trajectories(self) -> pl.DataFrame:
+        """One row per session (an agent's turns in one sequence, see `reef.recipe.trajectory`):
+        session_id, record_ids, turns, input_ids, labels (the model's own tokens), score, weight,
+        group."""
+        from reef.recipe.trajectory import trajectories
+
+        return trajectories(self.frame())
 
     @classmethod
     def open(cls, path: Path | str) -> Snapshot:

@@ -66,3 +66,21 @@ def sft_examples(samples: pl.DataFrame, max_length: int, stats: CutStats | None 
             "record_id": [samples["record_id"][i] for i in keep_rows],
         }
     )
+
+
+def trajectory_examples(trajectories: pl.DataFrame, max_length: int, stats: CutStats | None = None) -> datasets.Dataset:
+    """Whole sessions (`Snapshot.trajectories()`): `input_ids` every turn's served tokens, `labels`
+    the model's own tokens of every assistant turn (user turns, tool results and template tokens
+    masked). Too long: cut from the left like `sft_examples`, so the last turns stay whole (`stats`
+    counts cut trajectories as cut prompts); a trajectory left without any label is dropped."""
+    stats = stats if stats is not None else CutStats()
+    input_ids, labels, sessions = [], [], []
+    for session, ids, lab in trajectories.select("session_id", "input_ids", "labels").iter_rows():
+        drop = max(0, len(ids) - max_length)
+        stats.add(drop > 0, False)
+        lab = list(lab)[drop:]
+        if any(t != IGNORE for t in lab):
+            input_ids.append(list(ids)[drop:])
+            labels.append(lab)
+            sessions.append(session)
+    return datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels, "session_id": sessions})
