@@ -36,7 +36,22 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
 
-test: $(STAMP) chromium
+# The Pi coding agent (npm), pinned, in a project-local folder: tests/test_pi.py runs it against
+# `reef serve`. Node and npm come from Debian when missing (like chromium above).
+PI_VERSION := 0.73.1
+PI_DIR := .pi-agent
+PI := $(PI_DIR)/node_modules/.bin/pi
+.PHONY: pi
+pi: $(PI_DIR)/.installed-$(PI_VERSION)
+
+$(PI_DIR)/.installed-$(PI_VERSION):
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q nodejs npm; }
+	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
+	touch $@
+
+test: $(STAMP) chromium pi
 	$(BIN)/pytest -q -ra tests notebooks --nbmake
 
 # JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.
