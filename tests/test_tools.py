@@ -5,15 +5,14 @@ the managed engine) turns it into `tool_calls`, the gateway records the offered 
 from __future__ import annotations
 
 import json
-import time
 
 import datasets
-import httpx
 import polars as pl
 
 from reef.config import ServeConfig
 from reef.engine.supervisor import EngineSupervisor
 from tests.conftest import MODEL_NAME, Gateway
+from tests.test_gateway import _flushed, _record
 
 BASH = {"type": "function", "function": {
     "name": "bash", "description": "Execute a bash command.",
@@ -24,22 +23,6 @@ READ = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 ASK = [{"role": "system", "content": "You are a coding agent."},
        {"role": "user", "content": [{"type": "text", "text": "List the files."}]}]
-
-
-def _record(gw: Gateway, record_id: str) -> dict:
-    resp = httpx.get(f"{gw.url}/reef/records/{record_id}")
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
-def _flushed(gw: Gateway, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        scenarios = httpx.get(f"{gw.url}/reef/status").json()["scenarios"]
-        if all(s["unflushed_records"] == 0 for s in scenarios.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError("store did not flush")
 
 
 def test_engine_starts_with_a_tool_parser_by_default() -> None:

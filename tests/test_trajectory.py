@@ -4,7 +4,6 @@ tool session through the gateway, reported as a session and trained on with the 
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from reef.recipe import Snapshot, load_recipe
 from reef.recipe.tokens import IGNORE, CutStats, trajectory_examples
 from reef.recipe.trajectory import trajectories
 from tests.conftest import MODEL_NAME, Gateway
+from tests.test_gateway import _flushed
 from tests.test_tools import BASH, READ
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -60,16 +60,6 @@ def test_a_prompt_that_breaks_off_starts_a_new_trajectory() -> None:
     (cut,) = trajectory_examples(pl.DataFrame(rows[1:2]), max_length=4, stats=stats)
     assert cut["input_ids"] == [9, 50, 102, 9] and cut["labels"] == [IGNORE, IGNORE, 102, 9], "cut from the left"
     assert stats.prompts_cut == 1
-
-
-def _flushed(gw: Gateway, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        scenarios = httpx.get(f"{gw.url}/reef/status").json()["scenarios"]
-        if all(s["unflushed_records"] == 0 and s["unflushed_reports"] == 0 for s in scenarios.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError("store did not flush")
 
 
 def test_three_turn_tool_session_reported_and_trained(gateway: Gateway, tiny: Path, tmp_path: Path) -> None:
