@@ -47,7 +47,7 @@ def pi() -> Path:
     done = subprocess.run(["make", "-s", "pi"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"`make pi` could not install Pi:\n{done.stdout}\n{done.stderr}"
     version = subprocess.run([str(PI), "--version"], capture_output=True, text=True, timeout=60)
-    assert version.stdout.strip() == PI_VERSION, version
+    assert (version.stdout + version.stderr).strip() == PI_VERSION, version  # pi prints it on stderr
     return PI
 
 
