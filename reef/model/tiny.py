@@ -63,7 +63,7 @@ MODEL_CONFIG: dict[str, Any] = {
 }
 DEFAULT_STEPS = 1160  # ~1000 per 10,800 documents of the corpus: more text, more steps
 BATCH_SIZE = 32
-BUCKET_BATCHES = 16
+LONG_DOC_TOKENS = 72
 LEARNING_RATE = 3e-3
 MAX_DOC_TOKENS = 160  # a tool chat (tools, call, result, answer) is ~100; a demo-add chat ~40
 EVAL_SAMPLES_PER_TASK = 16
@@ -133,21 +133,22 @@ def encode_stage(tokenizer: PreTrainedTokenizerFast, stage: Stage) -> list[Doc]:
 def _batches(docs: list[Doc], steps: int, seed: int, pad_id: int) -> Iterator[tuple[torch.Tensor, ...]]:
     """Padded (input_ids, attention_mask, labels) batches in a seeded order, epoch after epoch.
 
-    Each epoch is shuffled, then cut into windows of BUCKET_BATCHES batches whose documents are
-    sorted by length before batching, and the batches are shuffled: padding costs as much compute
-    as text, and a tool chat is ~3x as long as a demo-add chat."""
+    Documents longer than LONG_DOC_TOKENS (tool chats, ~3x a demo-add chat) are batched among
+    themselves: padding costs as much compute as text. Short documents keep the plain shuffled
+    mix (the demo task's weak-but-learnable calibration depends on it)."""
     rng = random.Random(seed)
-    pending: list[list[int]] = []
-    window = BATCH_SIZE * BUCKET_BATCHES
+    order: list[int] = []
+    buckets: tuple[list[int], list[int]] = ([], [])
     for _ in range(steps):
-        if not pending:
-            order = list(range(len(docs)))
-            rng.shuffle(order)
-            for start in range(0, len(order), window):
-                chunk = sorted(order[start : start + window], key=lambda i: len(docs[i][0]))
-                pending += [chunk[j : j + BATCH_SIZE] for j in range(0, len(chunk), BATCH_SIZE)]
-            rng.shuffle(pending)
-        batch = [docs[i] for i in pending.pop()]
+        while all(len(b) < BATCH_SIZE for b in buckets):
+            if not order:
+                order = list(range(len(docs)))
+                rng.shuffle(order)
+            i = order.pop()
+            buckets[len(docs[i][0]) > LONG_DOC_TOKENS].append(i)
+        full = next(b for b in buckets if len(b) >= BATCH_SIZE)
+        batch = [docs[i] for i in full[:BATCH_SIZE]]
+        del full[:BATCH_SIZE]
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
