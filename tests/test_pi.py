@@ -1,9 +1,10 @@
 """The Pi coding agent (npm `@mariozechner/pi-coding-agent`, pinned) as a real client of `reef serve`.
 
 Pi runs one-shot with its default tools (read, bash, edit, write) in a throwaway folder, bounded by
-`timeout` and by a turn cap (tests/pi/turn-cap.ts: Pi itself never stops while a model keeps calling
-tools), offline, with retries off. `make test` installs Pi first (`make pi`); this test installs it
-too when missing, and fails (never skips) when it cannot.
+`timeout` and by a turn cap (the Pi extension `reef-pi` installs, `reef.gateway.install.RECEIPTS_TS`:
+Pi itself never stops while a model keeps calling tools), offline, with retries off. `make test`
+installs Pi first (`make pi`); this test installs it too when missing, and fails (never skips) when
+it cannot.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reef.gateway.install import RECEIPTS_TS
 from tests.conftest import MODEL_NAME, REPO, Gateway
 
 PI_VERSION = "0.73.1"
 PI = REPO / ".pi-agent" / "node_modules" / ".bin" / "pi"
-TURN_CAP = REPO / "tests" / "pi" / "turn-cap.ts"
 
 
 def models_json(gateway_url: str) -> dict:
@@ -52,19 +53,20 @@ def pi() -> Path:
 
 
 def run_pi(pi: Path, gw: Gateway, home: Path, prompt: str, *args: str, turns: int = 4) -> list[dict]:
-    """Pi one-shot in a throwaway folder; returns what the turn cap logged per model response."""
+    """Pi one-shot in a throwaway folder; returns the receipts (status, record id) per model response."""
     agent, work, log = home / "agent", home / "work", home / "responses.jsonl"
     agent.mkdir(parents=True, exist_ok=True)
+    (home / "receipts.ts").write_text(RECEIPTS_TS)
     (agent / "models.json").write_text(json.dumps(models_json(gw.url), indent=2))
     (agent / "settings.json").write_text(json.dumps(SETTINGS))
     work.mkdir(exist_ok=True)
     (work / "notes.txt").write_text("Buy milk and bread.\n")
     (work / "todo.md").write_text("Fix the login bug.\n")
     env = {**os.environ, "PI_CODING_AGENT_DIR": str(agent), "PI_OFFLINE": "1", "PI_TELEMETRY": "0",
-           "REEF_PI_MAX_TURNS": str(turns), "REEF_PI_LOG": str(log), "HOME": str(home)}
+           "REEF_PI_MAX_TURNS": str(turns), "REEF_PI_RECEIPTS": str(log), "HOME": str(home)}
     cmd = ["timeout", "-k", "5", "120", str(pi), "--provider", "reef", "--model", MODEL_NAME, "--no-session",
            "--no-context-files", "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
-           "-e", str(TURN_CAP), "--mode", "json", *args, "-p", prompt]
+           "-e", str(home / "receipts.ts"), "--mode", "json", *args, "-p", prompt]
     done = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=150)
     assert done.returncode != 124, f"Pi ran into the timeout:\n{done.stderr[-2000:]}"
