@@ -18,6 +18,7 @@ import json
 import re
 import secrets
 import shlex
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -33,6 +34,7 @@ router = APIRouter()
 
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"
+DEFAULT_CONTEXT = 4096  # when neither serve.yaml nor a local model config says
 ADAPTERS = ("openai", "pi")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,255}$")
 # Where each harness file goes in Pi's agent folder; other files are kept under reef-harness/.
@@ -214,6 +216,17 @@ def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
             for s, e in errors(*statuses).items()}
 
 
+def _context_window(config: Any) -> int:
+    """The engine's context length: `engine.max_model_len`, else the model's own (its config.json)."""
+    if config.engine.max_model_len:
+        return int(config.engine.max_model_len)
+    try:
+        model_config = json.loads((Path(config.model_path) / "config.json").read_text())
+        return int(model_config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+    except (OSError, ValueError, TypeError):  # a hub id or an upstream's model: no local config to read
+        return DEFAULT_CONTEXT
+
+
 @router.get("/reef/harness/install", response_class=PlainTextResponse, responses=_json_errors(400, 422, 503))
 async def install(request: Request, adapter: str = Query(description="pi | openai",
                                                          json_schema_extra={"enum": list(ADAPTERS)}),
@@ -227,7 +240,7 @@ async def install(request: Request, adapter: str = Query(description="pi | opena
         return PlainTextResponse(_openai_env(url, scenario))
     release_id, files = current_harness(st, scenario)
     install_url = f"{url}/reef/harness/install?adapter=pi&scenario={scenario}"
-    script = _pi_script(url, scenario, st.config.model_name, st.config.engine.max_model_len, files, release_id,
+    script = _pi_script(url, scenario, st.config.model_name, _context_window(st.config), files, release_id,
                         install_url)
     return PlainTextResponse(script)  # text/plain: what curl | sh and a browser both take
 
