@@ -41,6 +41,10 @@ def test_schemathesis_all_checks(fuzz_gateway: Gateway, tmp_path: Path) -> None:
         f"{fuzz_gateway.url}/reef/openapi.json", "-H", f"Authorization: Bearer {TOKEN}",
         "--phases", "examples,coverage,fuzzing,stateful", "--max-examples", "12", "--max-time", "40",
         "--workers", "1", "--generation-database", "none", "--request-timeout", "60", "--seed", "1",
+        # Off: schemathesis generates strings for `^...$` patterns with Python's `$`, which also matches
+        # before a trailing newline, so it counts "id\n" as schema-valid while Reef (and JSON Schema's
+        # ECMA regex) refuse it. The chat route keeps a stricter acceptance check of our own (hooks).
+        "--exclude-checks", "positive_data_acceptance",
     ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": HOOKS, "PYTHONPATH": str(REPO)}
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -161,9 +162,7 @@ def test_gate_fails_closed(workdir: Path, cands: dict[str, Candidate], tmp_path:
     """A candidate for a scenario with no eval suite is rejected, with the error as its reason."""
     meta = json.loads((cands["lora"].path / "candidate.json").read_text())
     other = tmp_path / "other"
-    other.mkdir()
-    for f in cands["lora"].path.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(cands["lora"].path, other)  # with its tensorboard/ folder
     (other / "candidate.json").write_text(json.dumps({**meta, "scenario": "no-suite"}))
     view = register_candidate(tmp_path / "data", other)
     result = evaluate_candidate(tmp_path / "data", view.candidate_id, progress=False)
