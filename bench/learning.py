@@ -16,6 +16,11 @@ traffic comes from the base model; each round's candidate continues from the pre
 The demo has 320 train prompts and the store flags an exact repeat of an earlier record (same
 prompt, same reply) as a duplicate, which rft drops: later rounds bring fewer new correct samples.
 
+Beside them, `demo-add-next-turn` (`--no-next-turn`: off): demo-add's task, eval and users, but the
+users never report; every one of them reacts to a reply instead (a doubt when it is wrong, a
+thank-you when it is right, up to two reactions: reef.traffic.simulate), and the `next_turn` recipe
+learns from those next turns alone (target: >= 60 % held-out).
+
 Then, for demo-add, plain TRL `GRPOTrainer` (no vLLM: TRL generates with transformers) trains the
 base model on the same number of samples (prompts x completions) as the loop recorded, with the
 demo verifier as reward, and is evaluated the same way. Targets: base <= 30 % on each scenario,
@@ -60,7 +65,10 @@ from reef.traffic.simulate import simulate  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
 EXAMPLES = REPO / "examples"
-TARGETS = {"demo-add": 0.80, "reviews": 0.70}  # best held-out success; base <= 30 % for all
+NEXT_TURN = "demo-add-next-turn"  # demo-add with reports off, learning from the users' next turns
+TARGETS = {"demo-add": 0.80, "reviews": 0.70, NEXT_TURN: 0.60}  # best held-out success; base <= 30 % for all
+# How the next-turn arm's users behave: no reports, every user reacts (at most twice).
+NEXT_TURN_USERS = {"report": False, "follow_up_share": 1.0, "reactions": 2}
 OUT = REPO / "bench" / "out"
 # Base-model files that are weights or build metadata: a trained model folder writes its own.
 _NOT_COPIED = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "reef-model.json"}
@@ -85,6 +93,8 @@ class Round:
     delta: float
     ci_low: float
     ci_high: float
+    # next_turn: the replies its next turns accepted / rejected, and the hinted targets distilled
+    signals: dict[str, Any] | None = None
 
 
 @dataclass
@@ -106,8 +116,13 @@ class Result:
 
 def write_serve_yaml(work: Path, scenarios: list[str]) -> Path:
     """The workdir's serve.yaml: every example scenario asked for (examples/<name>/serve.yaml, its
-    files found in its own folder); packaged ones (demo-add) need no declaration."""
+    files found in its own folder); packaged ones (demo-add) need no declaration; the next-turn arm
+    is demo-add's declaration under another name (its own records, ledger and chain)."""
     config: dict[str, Any] = {"scenarios": {}, "recipes": {}}
+    if NEXT_TURN in scenarios:
+        from reef.scenario import get_scenario
+
+        config["scenarios"][NEXT_TURN] = get_scenario(demo.SCENARIO).model_dump(mode="json", exclude={"name"})
     for name in scenarios:
         folder = EXAMPLES / name
         if (folder / "serve.yaml").is_file():
@@ -152,8 +167,10 @@ def quiet(log: Path) -> Iterator[None]:
 def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path, args: argparse.Namespace,
                    overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], float, float]:
     """Snapshot the new traffic, train a candidate on it, evaluate it on the held-out prompts."""
+    ref, overrides = ("next_turn", parse_overrides(args.next_turn_param)) if scenario == NEXT_TURN else (
+        args.recipe, overrides)
     params = {"scenario": scenario, "base_model": str(base), "seed": r, **overrides}
-    recipe = load_recipe(args.recipe, params)
+    recipe = load_recipe(ref, params)
     snap = Snapshot.create(scenario, data_dir, recipe.experience(), root=work / "snapshots",
                            ledger_root=work / "ledger")
     t0 = time.perf_counter()
@@ -228,6 +245,10 @@ def run_grpo(samples: int, out: Path, args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def recipe_of(name: str, result: Result) -> str:
+    return "next_turn, no reports" if name == NEXT_TURN else result.config["recipe"]
+
+
 def plot(result: Result, path: Path) -> None:
     import matplotlib
 
@@ -235,10 +256,10 @@ def plot(result: Result, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (name, sr), color in zip(result.scenarios.items(), ("#2a7fbf", "#8e44ad", "#16a085"), strict=False):
+    for (name, sr), color in zip(result.scenarios.items(), ("#2a7fbf", "#8e44ad", "#16a085", "#c0392b"), strict=False):
         xs = [0] + [r.samples_seen for r in sr.rounds]
         ys = [sr.base_success or 0.0] + [r.candidate_success for r in sr.rounds]
-        ax.plot(xs, ys, "o-", color=color, label=f"{name}: Reef loop ({result.config['recipe']} candidates)")
+        ax.plot(xs, ys, "o-", color=color, label=f"{name}: Reef loop ({recipe_of(name, result)} candidates)")
         ax.axhline(sr.base_success or 0.0, color=color, ls=":", lw=0.8)
         if sr.grpo:
             ax.plot([sr.grpo["samples"]], [sr.grpo["candidate_success"]], "s", color="#d9822b", ms=9,
@@ -266,7 +287,7 @@ def report_scenario(sr: ScenarioResult, result: Result) -> None:
     table.add_row("base (served by vLLM)", "-", "-", "-", "-", f"{sr.base_success or 0:.1%}", "-")
     for r in sr.rounds:
         err = f" [{r.ci_low:+.1%}, {r.ci_high:+.1%}]"
-        table.add_row(f"round {r.round} ({result.config['recipe']})", f"{r.samples_seen} recorded",
+        table.add_row(f"round {r.round} ({recipe_of(sr.scenario, result)})", f"{r.samples_seen} recorded",
                       f"{r.traffic_mean_score:.1%}", str(r.train_samples if r.train_samples is not None else "-"),
                       f"{r.train_s:.1f}", f"{r.candidate_success:.1%}", f"{r.delta:+.1%}{err}")
     if sr.grpo:
@@ -318,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=8, help="samples per held-out prompt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-grpo", action="store_true", help="skip the plain TRL GRPOTrainer comparison (demo-add)")
+    parser.add_argument("--no-next-turn", action="store_true",
+                        help=f"skip {NEXT_TURN} (demo-add without reports, the next_turn recipe)")
+    parser.add_argument("--next-turn-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="next_turn recipe parameter override for that arm (repeatable)")
     parser.add_argument("--grpo-generations", type=int, default=8, help="completions per prompt")
     parser.add_argument("--grpo-batch", type=int, default=32, help="completions per step")
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
@@ -341,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="reef-learning-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if demo.SCENARIO in scenarios and not args.no_next_turn and NEXT_TURN not in scenarios:
+        scenarios.insert(scenarios.index(demo.SCENARIO) + 1, NEXT_TURN)
     # The server and this process (evaluate reads ./serve.yaml) both see the example scenarios.
     config, _ = resolve(config_file=write_serve_yaml(work, scenarios))
     os.chdir(work)
@@ -393,8 +420,9 @@ def scenario_round(r: int, name: str, sr: ScenarioResult, server: ServeProcess, 
                    started: float) -> None:
     """One round of one scenario: simulated traffic, then a learning round on it."""
     t0 = time.perf_counter()
+    users = NEXT_TURN_USERS if name == NEXT_TURN else {}
     summary = simulate(server.url, name, requests=args.requests, concurrency=args.concurrency,
-                       seed=args.seed + r, config=config)
+                       seed=args.seed + r, config=config, **users)
     sr.simulate_s += time.perf_counter() - t0
     if summary.errors:
         console.print(f"[yellow]{summary.errors} simulated chats failed[/yellow]")
@@ -418,7 +446,12 @@ def scenario_round(r: int, name: str, sr: ScenarioResult, server: ServeProcess, 
         candidate=cand["path"], candidate_success=metrics["candidate_success"],
         head_success=metrics["head_success"], delta=metrics["delta"],
         ci_low=metrics["ci_low"], ci_high=metrics["ci_high"],
+        signals={k: v for k, v in cand["metrics"].items()
+                 if k in ("accepted", "rejected", "next_turn_unread", "distil_recorded_targets",
+                          "distil_fresh_targets", "rl_samples")} or None,
     ))
+    if sr.rounds[-1].signals:
+        console.print(f"{name} round {r}: next-turn signals {sr.rounds[-1].signals}")
     console.print(f"{name} round {r}: candidate {Path(cand['path']).name}: held-out success "
                   f"{metrics['candidate_success']:.1%} (base {metrics['head_success']:.1%}), "
                   f"train {train_s:.1f} s, eval {eval_s:.1f} s; elapsed {time.perf_counter() - started:.0f} s")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reef.scenario import EvalSpec, Scenario
+from reef.scenario import EvalSpec, NextTurnRule, NextTurnSpec, Scenario
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,6 +21,12 @@ def scenario() -> Scenario:
         reward="reef.demo.task:reward",
         eval=EvalSpec(path=Path("data/eval.jsonl"), max_new_tokens=16, samples=4, temperature=1.0),
         tasks=Path("data/tasks.jsonl"),
+        # What the demo's users say after a reply (reef.traffic.simulate): a doubt means it was wrong,
+        # a thank-you that it was right. Nothing else: a user does not tell the sum they expected.
+        next_turn=NextTurnSpec(rules=[
+            NextTurnRule(pattern=r"\bare you sure\b|\bwrong\b|\btry again\b|\bcheck it\b", reward=0.0),
+            NextTurnRule(pattern=r"^\s*(thanks|thank you)\b|\bthat's right\b", reward=1.0),
+        ]),
         base_dir=HERE,
     )
 

@@ -27,7 +27,7 @@ import polars as pl
 
 from reef.durable import replace_dir
 from reef.experience import load
-from reef.experience.load import EXPERIENCE_FEATURES
+from reef.experience.load import EXPERIENCE_FEATURES, SESSION_COL
 from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.spec import ExperienceSpec
@@ -46,6 +46,8 @@ def _group_key(row: dict[str, Any], group_by: str | None) -> str | None:
         return row["record_id"]
     if group_by == "scenario":  # one group: every session of the scenario is a try at the same task
         return "scenario"
+    if group_by == "session":
+        return row[SESSION_COL]
     if group_by == "prompt":
         # The served prompt ids, not the text: two renderings of one chat are one prompt only if
         # the model saw the same tokens.
@@ -93,7 +95,7 @@ def select(frame: pl.DataFrame, spec: ExperienceSpec, consumed_ids: set[str]) ->
     else:
         frame = frame.with_columns(weight=pl.lit(1.0))
 
-    rows = frame.select("record_id", "prompt_token_ids", "tags", "choices").to_dicts()
+    rows = frame.select("record_id", "prompt_token_ids", "tags", "choices", SESSION_COL).to_dicts()
     frame = frame.with_columns(
         group=pl.Series([_group_key(r, spec.group_by) for r in rows], dtype=pl.String),
         n_samples=pl.Series([_n_samples(r["choices"]) for r in rows], dtype=pl.Int64),

@@ -20,7 +20,8 @@ class ExperienceSpec:
     """Which records of a scenario a round trains on; `Snapshot.create` applies it.
 
     `group_by`: None, "prompt" (identical recorded prompt token ids), "tag:<name>" (a request tag,
-    e.g. "tag:task_id") or "scenario" (all records one group). Agent turns each have their own
+    e.g. "tag:task_id"), "scenario" (all records one group) or "session" (a session's turns, so
+    `min_group_size: 2` takes sessions of two turns or more, whole). Agent turns each have their own
     prompt, so RL over sessions groups by a task tag or the scenario, never by prompt.
     `batch_size` caps the samples (choices) per round, newest first, whole
     groups at a time. Records beyond `max_staleness` releases behind the head are dropped or kept
@@ -39,8 +40,10 @@ class ExperienceSpec:
     drop_duplicates: bool = True
 
     def __post_init__(self) -> None:
-        if self.group_by not in (None, "prompt", "scenario") and not (self.group_by or "").startswith("tag:"):
-            raise ValueError(f"group_by must be None, 'prompt', 'scenario' or 'tag:<name>', got {self.group_by!r}")
+        named = self.group_by in (None, "prompt", "scenario", "session")
+        if not named and not (self.group_by or "").startswith("tag:"):
+            raise ValueError(f"group_by must be None, 'prompt', 'scenario', 'session' or 'tag:<name>', "
+                             f"got {self.group_by!r}")
         if self.stale_policy not in ("drop", "downweight"):
             raise ValueError(f"stale_policy must be 'drop' or 'downweight', got {self.stale_policy!r}")
         if not 0.0 <= self.stale_weight <= 1.0:

@@ -10,12 +10,22 @@ from reef.scenario.registry import (
     training_tasks,
 )
 from reef.scenario.reward import RewardError, RewardFn, Score, parse_judge_score
-from reef.scenario.schema import CanaryConfig, EvalSpec, HarnessSpec, JudgeReward, JudgeSpec, RecipeSpec, Scenario
+from reef.scenario.schema import (
+    CanaryConfig,
+    EvalSpec,
+    HarnessSpec,
+    JudgeReward,
+    JudgeSpec,
+    NextTurnRule,
+    NextTurnSpec,
+    RecipeSpec,
+    Scenario,
+)
 from reef.scenario.suite import EvalSuite, ScenarioError, Task, load_tasks
 
 __all__ = [
     "ENTRY_POINT_GROUP", "CanaryConfig", "EvalSpec", "EvalSuite", "HarnessSpec", "JudgeReward", "JudgeSpec",
-    "RecipeSpec",
+    "NextTurnRule", "NextTurnSpec", "RecipeSpec",
     "RewardError", "RewardFn", "Scenario", "ScenarioError", "Score", "Task", "all_scenarios", "eval_suite",
     "get_scenario", "load_tasks", "packaged_scenarios", "parse_judge_score", "reward_for", "training_tasks",
 ]

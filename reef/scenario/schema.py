@@ -58,7 +58,7 @@ class HarnessSpec(_Strict):
 class RecipeSpec(_Strict):
     """A named recipe setting (serve.yaml `recipes.<name>`), or a scenario's inline one."""
 
-    recipe: str = Field(description="a built-in name (rft, online_rl, kto, ttt, self_play) or module:Class")
+    recipe: str = Field(description="a built-in name (rft, online_rl, kto, ttt, self_play, next_turn) or module:Class")
     batch_size: int | None = Field(default=None, ge=1, description="eligible rewarded records one round takes")
     max_staleness: int | None = Field(default=None, ge=0, description="releases behind the head a record may be")
     stale_policy: StalePolicy | None = Field(default=None, description="drop | downweight records past max_staleness")
@@ -106,6 +106,24 @@ class JudgeReward(_Strict):
 Reward = str | JudgeReward
 
 
+class NextTurnRule(_Strict):
+    """What the turn after an assistant reply says about that reply: the first rule whose pattern
+    matches the next message (a user turn, or a tool result) gives the reply its reward."""
+
+    pattern: str = Field(min_length=1, description="a regular expression, searched case-insensitively")
+    role: Literal["user", "tool"] = Field(default="user", description="which next message the rule reads")
+    reward: float = Field(ge=0, le=1, description="the reward of the reply the matching turn answers")
+
+
+class NextTurnSpec(_Strict):
+    """Rewards from the next turn of a session, without any report (recipe `next_turn`): rules first,
+    then, for a next turn no rule matches, an optional judge (its `votes` averaged) that reads the
+    reply and the next turn."""
+
+    rules: list[NextTurnRule] = Field(default_factory=list)
+    judge: JudgeSpec | None = None
+
+
 class Scenario(_Strict):
     """One scenario; `reef.Scenario` is this type."""
 
@@ -122,6 +140,8 @@ class Scenario(_Strict):
     )
     eval: EvalSpec | None = None
     tasks: Path | None = Field(default=None, description="training prompts, for recipes that make their own samples")
+    next_turn: NextTurnSpec | None = Field(
+        default=None, description="how the next turn of a session rewards a reply (rules, judge): recipe next_turn")
     base_dir: Path | None = Field(default=None, description="where relative paths and reward modules are found")
 
     def resolve_path(self, path: Path) -> Path:

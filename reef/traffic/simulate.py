@@ -1,9 +1,14 @@
 """`reef simulate`: plays a scenario's users against a running gateway.
 
 Each simulated user asks one of the scenario's training prompts (`tasks:`) through the real OpenAI
-SDK, scores the reply with the scenario's reward and reports the score on `/reef/report`. Some
-users ask a follow-up turn without a session header, which the gateway must stitch into the first
-turn's session. A reply the reward cannot score is not reported (and counted as `unscored`).
+SDK, scores the reply with the scenario's reward and reports the score on `/reef/report`
+(`report=False`: never). A share of the users (`follow_up_share`) also react to the reply, in the
+same conversation and without a session header (the gateway must stitch it into the first turn's
+session), as a user who can tell a right answer from a wrong one would: a wrong reply gets the
+doubt "Are you sure? Check it and answer again.", a right one "Thanks, that's right." The reaction
+says only what such a user knows (right or wrong), never the expected answer; `reactions` bounds how
+many times one user reacts (a doubt asks the model again; a thank-you ends the conversation after
+its reply). A reply the reward cannot score gets no report (counted as `unscored`) and no reaction.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ if TYPE_CHECKING:
     from reef.config import ServeConfig
 
 FOLLOW_UP = "Are you sure? Check it and answer again."
+THANKS = "Thanks, that's right."
+SATISFIED = 0.5  # a reply scored at least this is one the user accepts
 
 
 @dataclass
@@ -56,12 +63,16 @@ class SimulationSummary:
 
 async def _one_user(
     client: openai.AsyncOpenAI, http: httpx.AsyncClient, model: str, task: Task, reward: RewardFn,
-    follow_up: bool, summary: SimulationSummary, temperature: float, max_tokens: int,
+    reactions: int, summary: SimulationSummary, temperature: float, max_tokens: int, report: bool,
+    budget: list[int],
 ) -> None:
     messages: list[dict[str, Any]] = list(task["messages"])
     extra = {"tools": task["tools"]} if task.get("tools") else {}
-    record_ids = []
-    for turn in range(2 if follow_up else 1):
+    record_ids: list[str] = []
+    for turn in range(reactions + 1):
+        if budget[0] <= 0:
+            break
+        budget[0] -= 1
         raw = await client.chat.completions.with_raw_response.create(
             model=model, messages=messages, max_tokens=max_tokens, temperature=temperature, **extra,  # type: ignore[arg-type]
         )
@@ -74,15 +85,20 @@ async def _one_user(
         record_ids.append(record_id)
         if score.value is None:
             summary.unscored += 1
-        else:
+            break  # the user cannot tell: no report, no reaction
+        summary.scores.append(score.value)
+        if report:
             metadata = {"turn": turn, **({"task_id": task["task_id"]} if "task_id" in task else {})}
             resp = await http.post("/reef/report", json={"agent_record_id": record_id, "score": score.value,
                                                          "feedback": score.feedback, "metadata": metadata})
             resp.raise_for_status()
             summary.reports += 1
-            summary.scores.append(score.value)
-        messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UP}]
-    summary.sessions[record_ids[0]] = record_ids
+        if messages[-1].get("content") == THANKS:
+            break  # the reply to a thank-you ends the conversation
+        reaction = THANKS if score.value >= SATISFIED else FOLLOW_UP
+        messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": reaction}]
+    if record_ids:
+        summary.sessions[record_ids[0]] = record_ids
 
 
 def _declared(scenario: str | Scenario, config: ServeConfig | None) -> Scenario:
@@ -92,10 +108,11 @@ def _declared(scenario: str | Scenario, config: ServeConfig | None) -> Scenario:
 async def simulate_async(
     url: str, scenario: str | Scenario, requests: int = 200, concurrency: int = 8, seed: int = 0,
     follow_up_share: float = 0.2, temperature: float = 1.0, progress: bool = True,
-    config: ServeConfig | None = None, max_tokens: int | None = None,
+    config: ServeConfig | None = None, max_tokens: int | None = None, report: bool = True, reactions: int = 1,
 ) -> SimulationSummary:
     """`scenario` is a name declared by a package or `config` (serve.yaml), or a `reef.Scenario`.
-    Replies are at most `max_tokens` long (default: the eval suite's `max_new_tokens`, else 64)."""
+    Replies are at most `max_tokens` long (default: the eval suite's `max_new_tokens`, else 64).
+    `requests` chats in all, follow-up turns included."""
     declared = _declared(scenario, config)
     tasks = list(training_tasks(declared))
     random.Random(seed).shuffle(tasks)
@@ -109,9 +126,7 @@ async def simulate_async(
     summary = SimulationSummary(scenario)
     limit = asyncio.Semaphore(concurrency)
     bar = tqdm(total=requests, desc=f"simulating {scenario}", unit="chat", disable=not progress)
-    users = 0
-    while users * (1 + follow_up_share) < requests:
-        users += 1
+    budget = [requests]  # chats left to send, shared by all users
     try:
         model = (await client.models.list()).data[0].id
         reward = reward_for(declared, url, model)  # a judge without a url of its own asks this gateway
@@ -119,13 +134,16 @@ async def simulate_async(
         async def user(i: int) -> None:
             async with limit:
                 try:
-                    await _one_user(client, http, model, tasks[i % len(tasks)], reward,
-                                    rng.random() < follow_up_share, summary, temperature, max_tokens)
+                    if budget[0] <= 0:
+                        return
+                    react = reactions if rng.random() < follow_up_share else 0
+                    await _one_user(client, http, model, tasks[i % len(tasks)], reward, react, summary,
+                                    temperature, max_tokens, report, budget)
                 except (openai.APIError, httpx.HTTPError):
                     summary.errors += 1
                 bar.update(summary.requests - bar.n)
 
-        await asyncio.gather(*(user(i) for i in range(users)))
+        await asyncio.gather(*(user(i) for i in range(requests)))
     finally:
         bar.close()
         await client.close()
