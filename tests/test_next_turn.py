@@ -16,9 +16,10 @@ from transformers import AutoModelForCausalLM
 
 from reef.demo import task as demo
 from reef.experience import load
+from reef.experience.load import SESSION_COL
 from reef.recipe import Snapshot, load_recipe
-from reef.recipe.next_turn import read_next_turn
-from reef.scenario import get_scenario
+from reef.recipe.next_turn import next_turn_signals, read_next_turn
+from reef.scenario import NextTurnRule, NextTurnSpec, Score, get_scenario
 from reef.traffic.simulate import FOLLOW_UP, THANKS, simulate
 from tests.conftest import Gateway
 
@@ -30,6 +31,43 @@ def test_demo_rules_read_the_users_reactions() -> None:
     assert read_next_turn(spec, "user", THANKS)[0] == 1.0
     assert read_next_turn(spec, "user", "What is 2 + 2?") == (None, None)
     assert read_next_turn(spec, "tool", FOLLOW_UP) == (None, None), "a user rule does not read tool results"
+
+
+def _turn(session: str, k: int, messages: list[tuple[str, str]], reply: str) -> dict:
+    return {SESSION_COL: session, "record_id": f"{session}-{k}", "created_at": f"2026-01-01T00:00:0{k}",
+            "messages": [{"role": r, "content": c} for r, c in messages], "prompt_token_ids": [1, 2, k],
+            "choices": [{"token_ids": [7, k], "logprobs": [-0.1, -0.2], "content": reply}]}
+
+
+def test_signals_pair_each_reply_with_what_came_next() -> None:
+    q = [("system", "s"), ("user", "What is 2 + 2?")]
+    rows = [
+        _turn("a", 0, q, "Answer: 5"),
+        _turn("a", 1, [*q, ("assistant", "Answer: 5"), ("user", FOLLOW_UP)], "Answer: 4"),
+        _turn("a", 2, [*q, ("assistant", "Answer: 5"), ("user", FOLLOW_UP), ("assistant", "Answer: 4"),
+                       ("user", THANKS)], "You are welcome!"),
+        _turn("b", 0, q, "calling"),
+        _turn("b", 1, [*q, ("assistant", "calling"), ("tool", "Error: no such file")], "sorry"),
+        _turn("c", 0, q, "Answer: 4"),
+        _turn("c", 1, [("user", "an edited history")], "x"),  # does not continue turn 0: no pair
+        _turn("d", 0, q, "Answer: 4"),
+        _turn("d", 1, [*q, ("assistant", "Answer: 4"), ("user", "Hm, and 3 + 3?")], "Answer: 6"),
+    ]
+    spec = NextTurnSpec(rules=[*get_scenario(demo.SCENARIO).next_turn.rules,
+                               NextTurnRule(pattern="error", role="tool", reward=0.0)])
+    votes = []
+
+    def judge(tasks: list, replies: list) -> list[Score]:  # a stand-in judge: grades what no rule read
+        votes.extend(replies)
+        return [Score(0.75) for _ in replies]
+
+    out = next_turn_signals(pl.DataFrame(rows), spec, judge).sort("record_id")
+    got = {r["record_id"]: (r["reward"], r["source"], r["hinted_reward"]) for r in out.iter_rows(named=True)}
+    assert got == {"a-0": (0.0, "rule 0", 1.0), "a-1": (1.0, "rule 1", None), "b-0": (0.0, "rule 2", None),
+                   "d-0": (0.75, "judge", None)}
+    assert votes == ["Answer: 4\n\n(The next turn, from the user: Hm, and 3 + 3?)"]
+    a0 = out.row(0, named=True)
+    assert (a0["completion_ids"], a0["hinted_prompt_ids"], a0["hinted_completion_ids"]) == ([7, 0], [1, 2, 1], [7, 1])
 
 
 def _wait_flushed(gw: Gateway, records: int, timeout_s: float = 60.0) -> None:
