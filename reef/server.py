@@ -7,6 +7,7 @@ flushes what it holds, then vLLM goes down. SIGTERM behaves like Ctrl-C at every
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -101,6 +102,9 @@ def serve(config: ServeConfig) -> None:
         ))
         print(f"reef: serving {config.model_name} on http://{config.host}:{config.port} (data in {data_dir})",
               flush=True)
+        # What start-up allocated (imports, config, indexes: ~170,000 objects) lives as long as the
+        # server; frozen, the collector's full passes no longer walk it on every few hundred requests.
+        gc.freeze()
         _event_loop_runner()(_run(server, state))
     except KeyboardInterrupt:
         pass

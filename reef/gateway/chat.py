@@ -36,6 +36,7 @@ from reef.gateway.recorder import (
     for_client,
     upstream_request,
 )
+from reef.gateway.sessions import prefix_hashes
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.upstream import UpstreamError
 from reef.release.schema import ADAPTER_PREFIX
@@ -57,11 +58,11 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _json(payload: dict[str, Any], record_id: str, release_id: str, replayed: bool = False) -> Response:
+def _json(content: bytes, record_id: str, release_id: str, replayed: bool = False) -> Response:
     headers = {h.RECORD_ID: record_id, h.RELEASE_ID: release_id}
     if replayed:
         headers[h.REPLAYED] = "true"
-    return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+    return Response(content, media_type="application/json", headers=headers)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -83,9 +84,9 @@ def _stream_headers(record_id: str, release_id: str) -> dict[str, str]:
 
 async def _replay(record: Record, stream: bool) -> Response:
     """Answer a retry from the stored response, without calling the model again."""
-    stored = orjson.loads(record.response_json)
     if not stream:
-        return _json(stored, record.record_id, record.release_id, replayed=True)
+        return _json(record.response_json.encode(), record.record_id, record.release_id, replayed=True)
+    stored = orjson.loads(record.response_json)
 
     async def events() -> AsyncIterator[bytes]:
         base = {"id": stored.get("id", ""), "object": "chat.completion.chunk",
@@ -167,8 +168,9 @@ async def chat_completions(request: Request) -> Response:
     record_id = client_id or h.new_id("rec")
     client_model = body.get("model") or st.config.model_name
     session_header = request.headers.get(h.SESSION)
+    prefixes = prefix_hashes(body["messages"])  # for the session lookup and the record's reply hashes
     session_id = (h.valid_id(session_header, h.SESSION) if session_header else None) \
-        or st.sessions.lookup(body["messages"]) or h.new_id("ses")
+        or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
 
     # From picking a route until the engine has the request, a full-weight swap must wait for this
     # request (EngineHold): it then runs entirely on the weights of the release it records.
@@ -188,6 +190,7 @@ async def chat_completions(request: Request) -> Response:
             created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
             tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
             has_token_ids=st.upstream.token_ids, harness_id=harness_id, sent_messages=sent["messages"],
+            prefix_hash=prefixes[-1],
         )
         if pick.arm is not None:
             st.canaries.assign(record_id, scenario, pick.arm)
@@ -208,11 +211,12 @@ async def chat_completions(request: Request) -> Response:
             st.hold.exit()
             holding = False
             exchange.latency_ms = (time.perf_counter() - started) * 1000
-            client_response = for_client(orjson.loads(orjson.dumps(upstream_response)), wants, client_model)
+            client_response = for_client(upstream_response, wants, client_model)
             assert client_response is not None
-            await _commit(st, build_record(exchange, upstream_response, client_response))
+            content = orjson.dumps(client_response)  # once: the same bytes are sent and recorded
+            await _commit(st, build_record(exchange, upstream_response, content))
             st.metrics.latency.labels(scenario).observe(time.perf_counter() - started)
-            return _json(client_response, record_id, pick.release_id)
+            return _json(content, record_id, pick.release_id)
         except UpstreamError as exc:
             st.inflight.finish(record_id, False)
             st.metrics.requests.labels(scenario, str(exc.status)).inc()
@@ -306,12 +310,11 @@ def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, sta
     ex.latency_ms = (time.perf_counter() - started) * 1000
     ex.ttft_ms = (acc.first_token_at - started) * 1000 if acc.first_token_at else None
     full = acc.response()
-    client = for_client(orjson.loads(orjson.dumps(full)), ClientWants(wants.logprobs, wants.token_ids, True),
-                        ex.request_model)
+    client = for_client(full, ClientWants(wants.logprobs, wants.token_ids, True), ex.request_model)
     assert client is not None
     if not wants.usage:
         client.pop("usage", None)
-    return build_record(ex, full, client)
+    return build_record(ex, full, orjson.dumps(client))
 
 
 async def _abandon(st: GatewayState, batches: AsyncIterator[list[bytes]], record: Record) -> None:

@@ -45,21 +45,31 @@ def upstream_request(body: dict[str, Any], model: str, token_ids: bool = True) -
 
 
 def for_client(payload: dict[str, Any], wants: ClientWants, model: str) -> dict[str, Any] | None:
-    """The response or chunk as the client should see it; None drops a usage-only chunk."""
-    if payload.get("usage") is not None and not wants.usage:
-        if not payload.get("choices"):
+    """The response or chunk as the client should see it; None drops a usage-only chunk.
+
+    `payload` is left as it is (the record keeps the full upstream response): only the top level
+    and the choices, which this changes, are copied; nested values are shared, never modified.
+    """
+    out = dict(payload)
+    if out.get("usage") is not None and not wants.usage:
+        if not out.get("choices"):
             return None
-        payload["usage"] = None
-    if "model" in payload:
-        payload["model"] = model
+        out["usage"] = None
+    if "model" in out:
+        out["model"] = model
     if not wants.token_ids:
-        payload.pop("prompt_token_ids", None)
-    for choice in payload.get("choices") or ():
-        if not wants.logprobs:
-            choice["logprobs"] = None
-        if not wants.token_ids:
-            choice.pop("token_ids", None)
-    return payload
+        out.pop("prompt_token_ids", None)
+    if out.get("choices"):
+        choices = []
+        for choice in out["choices"]:
+            choice = dict(choice)
+            if not wants.logprobs:
+                choice["logprobs"] = None
+            if not wants.token_ids:
+                choice.pop("token_ids", None)
+            choices.append(choice)
+        out["choices"] = choices
+    return out
 
 
 def _logprobs(choice: dict[str, Any]) -> list[float]:
@@ -226,9 +236,12 @@ class Exchange:
     harness_id: str | None = None
     # What the model was sent when a harness was applied; the client's own messages are in `body`.
     sent_messages: list[dict[str, Any]] | None = None
+    # The last of `prefix_hashes` of the client's messages, computed once for the session lookup.
+    prefix_hash: str | None = None
 
 
-def build_record(ex: Exchange, upstream_response: dict[str, Any], client_response: dict[str, Any]) -> Record:
+def build_record(ex: Exchange, upstream_response: dict[str, Any], client_json: bytes) -> Record:
+    """`client_json`: the response exactly as the client got it (serialized once, sent and stored)."""
     messages = ex.body.get("messages") or []
     sent = ex.sent_messages if ex.sent_messages is not None else messages
     raw_choices = upstream_response.get("choices") or []
@@ -267,7 +280,7 @@ def build_record(ex: Exchange, upstream_response: dict[str, Any], client_respons
         content_hash=record_content_hash(ex.scenario, parsed_messages, choices),
         body_hash=ex.body_hash,
         # The client's messages: its next request extends those, not the harness's.
-        reply_hashes=reply_hashes(messages, [c.get("message") or {} for c in raw_choices]),
+        reply_hashes=reply_hashes(messages, [c.get("message") or {} for c in raw_choices], ex.prefix_hash),
         request_json=orjson.dumps(ex.body).decode(),
-        response_json=orjson.dumps(client_response).decode(),
+        response_json=client_json.decode(),
     )

@@ -68,9 +68,11 @@ def prefix_hashes(messages: list[dict[str, Any]]) -> list[str]:
     return hashes
 
 
-def reply_hashes(messages: list[dict[str, Any]], replies: list[dict[str, Any]]) -> list[str]:
-    """One hash per reply: the conversation as the client will resend it next turn."""
-    base = prefix_hashes(messages)[-1] if messages else ""
+def reply_hashes(messages: list[dict[str, Any]], replies: list[dict[str, Any]], base: str | None = None) -> list[str]:
+    """One hash per reply: the conversation as the client will resend it next turn. `base`: the
+    last of `prefix_hashes(messages)`, when the caller has them already."""
+    if base is None:
+        base = prefix_hashes(messages)[-1] if messages else ""
     return [_roll(base, reply) for reply in replies]
 
 
@@ -89,8 +91,10 @@ class SessionIndex:
             for h in hashes:
                 self._sessions.setdefault(h, session_id)
 
-    def lookup(self, messages: list[dict[str, Any]]) -> str | None:
-        hashes = prefix_hashes(messages)
+    def lookup(self, messages: list[dict[str, Any]], hashes: list[str] | None = None) -> str | None:
+        """`hashes`: `prefix_hashes(messages)`, when the caller has them already."""
+        if hashes is None:
+            hashes = prefix_hashes(messages)
         for i in range(len(messages) - 1, -1, -1):
             if messages[i].get("role") == "assistant":
                 found = self._sessions.get(hashes[i])

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from reef.gateway.errors import ReefError
 
@@ -35,6 +36,7 @@ def _unavailable(exc: Exception) -> ReefError:
 class Upstream:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0):
         self.base_url = base_url.rstrip("/")
+        self._chat_url = URL(f"{self.base_url}/v1/chat/completions")  # parsed once, not per request
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=10.0)
         self._session: aiohttp.ClientSession | None = None
@@ -50,6 +52,9 @@ class Upstream:
                 # Shorter than uvicorn's 5 s keep-alive (vLLM's server): reusing a connection the
                 # server is closing for idleness fails the request.
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
+                # Per-request work nobody needs: an API server's cookies, and a compressed body the
+                # gateway would only have to inflate again (the default Accept-Encoding asks for one).
+                cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent", "Accept-Encoding"),
             )
         return self._session
 
@@ -60,7 +65,7 @@ class Upstream:
     async def _post(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
         """POST a chat request; returns once response headers are in."""
         data = orjson.dumps(body)
-        url = f"{self.base_url}/v1/chat/completions"
+        url = self._chat_url
         try:
             try:
                 return await self._http().post(url, data=data, headers=_JSON)
