@@ -6,6 +6,18 @@ log can only ever hold legal histories, and a reader folds it with the same tabl
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LogEvent(BaseModel):
+    """One line of a state machine's event log: no unknown fields, stamped when it was appended.
+    Each log adds its subject's id and the transition's own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 
 class IllegalTransitionError(RuntimeError):

@@ -26,13 +26,12 @@ from statistics import NormalDist
 from typing import Literal
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from reef.durable import append_line, read_log
 from reef.experience import shards
-from reef.release.schema import utcnow
 from reef.scenario.schema import CanaryConfig
-from reef.statemachine import Transitions
+from reef.statemachine import LogEvent, Transitions
 
 Arm = Literal["candidate", "head"]
 CanaryState = Literal["running", "promoting", "promoted", "aborted"]
@@ -125,12 +124,9 @@ class Canary(BaseModel):
         return verdict
 
 
-class CanaryEvent(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CanaryEvent(LogEvent):
     canary_id: str
     state: CanaryState
-    at: datetime = Field(default_factory=utcnow)
     reason: str | None = None
     release_id: str | None = None
     canary: dict[str, object] | None = None  # the whole canary, on its first event

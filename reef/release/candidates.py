@@ -25,12 +25,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from reef.durable import append_line, read_log, replace_atomically
 from reef.release.artifacts import ArtifactStore
 from reef.release.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
-from reef.statemachine import IllegalTransitionError, Transitions
+from reef.statemachine import IllegalTransitionError, LogEvent, Transitions
 
 log = logging.getLogger("reef.release")
 
@@ -112,12 +112,9 @@ class GateResult(BaseModel):
         return self.model_dump(mode="json", exclude={"per_prompt", "probe"})
 
 
-class CandidateEvent(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CandidateEvent(LogEvent):
     candidate_id: str
     event: EventKind
-    at: datetime = Field(default_factory=utcnow)
     by: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
 
