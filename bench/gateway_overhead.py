@@ -1,8 +1,10 @@
 """Gateway overhead: the same load straight to vLLM and through `reef serve`, side by side in one run.
 
 Leads with the gateway's own CPU time per request (its process's user + system time over a round,
-divided by the requests in it): unlike throughput it holds steady on shared cores. Target: <= 1 ms
-per JSON request.
+all threads, from psutil, divided by the requests in it), the median of the rounds with its
+quartiles: unlike throughput it holds steady on shared cores. Target: <= 1 ms per JSON request. The
+gateway's idle CPU (ms per second with no requests) and the machine's load average are printed with
+it: on a busy machine every figure here grows, the CPU time per request included.
 
 Then 16 concurrent clients, 64 completion tokens each (`ignore_eos`), non-streaming and streaming.
 Rounds alternate direct/gateway so drift on a shared machine hits both arms alike; the throughput
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -69,10 +72,18 @@ async def _batch(url: str, clients: int, per_client: int, stream: bool, tokens: 
     return wall, latencies, produced
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/<pid>/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(proc: psutil.Process) -> float:
+    """User + system CPU seconds of a process so far, all its threads."""
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _idle_cpu_ms_per_s(proc: psutil.Process, seconds: float = 5.0) -> float:
+    """What the gateway burns with no requests (uvicorn's ticks, the store's flusher): a cost per
+    second, not per request, so a slow engine makes every request look dearer by it."""
+    cpu0 = _cpu_s(proc)
+    time.sleep(seconds)
+    return (_cpu_s(proc) - cpu0) * 1000 / seconds
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -108,8 +119,12 @@ def main() -> int:
     import tempfile
 
     gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")), ["--upstream-url", vllm_url]).start()
+    assert gw.process is not None
+    proc = psutil.Process(gw.process.pid)
     results: dict[str, dict[str, float]] = {}
+    load_before = os.getloadavg()
     try:
+        idle_cpu = _idle_cpu_ms_per_s(proc)
         for stream in (False, True):
             mode = "stream" if stream else "json"
             arms: dict[str, dict[str, list[float]]] = {
@@ -121,12 +136,12 @@ def main() -> int:
             for r in range(args.rounds):
                 order = [("direct", vllm_url), ("gateway", gw.url)]
                 for arm, url in order if r % 2 == 0 else order[::-1]:
-                    cpu0 = _cpu_s(gw.process.pid)
+                    cpu0 = _cpu_s(proc)
                     wall, lat, tok = asyncio.run(
                         _batch(url, args.clients, args.requests_per_client, stream, args.tokens)
                     )
                     if arm == "gateway":
-                        cpu_per_request.append((_cpu_s(gw.process.pid) - cpu0) * 1000 / len(lat))
+                        cpu_per_request.append((_cpu_s(proc) - cpu0) * 1000 / len(lat))
                     arms[arm]["wall"].append(wall)
                     arms[arm]["lat"].extend(lat)
                     arms[arm]["tok"].append(tok)
@@ -135,8 +150,10 @@ def main() -> int:
                 arms["gateway"]["tok"], arms["gateway"]["wall"], arms["direct"]["tok"], arms["direct"]["wall"],
                 strict=True)]
             quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            cpu_q = statistics.quantiles(cpu_per_request, n=4) if len(cpu_per_request) > 1 else cpu_per_request * 3
             results[mode] = {
                 "gateway_cpu_ms_per_request": statistics.median(cpu_per_request),
+                "gateway_cpu_ms_per_request_q1": cpu_q[0], "gateway_cpu_ms_per_request_q3": cpu_q[2],
                 "gateway_cpu_ms_per_request_rounds": cpu_per_request,
                 "direct_tok_s": statistics.median(d / w for d, w in zip(arms["direct"]["tok"], arms["direct"]["wall"],
                                                                          strict=True)),
@@ -158,15 +175,23 @@ def main() -> int:
         gw.stop()
         if engine is not None:
             engine.stop()
+    load_after = os.getloadavg()
+    machine = {"cores": os.cpu_count(), "load_avg_1m_before": load_before[0], "load_avg_1m_after": load_after[0],
+               "gateway_idle_cpu_ms_per_s": idle_cpu}
 
-    cpu = Table(title="gateway CPU per request (its process's user + system time / requests, median of rounds)")
-    for col in ("mode", "CPU ms / request", "target"):
+    cpu = Table(title=f"gateway CPU per request (its process's user + system time / requests), median of "
+                      f"{args.rounds} rounds [q1, q3]")
+    for col in ("mode", "CPU ms / request", "min - max", "target"):
         cpu.add_column(col, justify="right")
     for mode in ("json", "stream"):
-        per_round = results[mode]["gateway_cpu_ms_per_request_rounds"]
-        cpu.add_row(f"{mode}, {args.tokens} tok", f"{results[mode]['gateway_cpu_ms_per_request']:.2f} "
-                    f"(min {min(per_round):.2f}, max {max(per_round):.2f})", "<= 1 ms" if mode == "json" else "-")
+        r = results[mode]
+        per_round = r["gateway_cpu_ms_per_request_rounds"]
+        cpu.add_row(f"{mode}, {args.tokens} tok", f"{r['gateway_cpu_ms_per_request']:.2f} "
+                    f"[{r['gateway_cpu_ms_per_request_q1']:.2f}, {r['gateway_cpu_ms_per_request_q3']:.2f}]",
+                    f"{min(per_round):.2f} - {max(per_round):.2f}", "<= 1 ms" if mode == "json" else "-")
     console.print(cpu)
+    console.print(f"gateway idle: {idle_cpu:.2f} ms CPU per second; machine: {os.cpu_count()} cores, load average "
+                  f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
     table = Table(title=f"gateway overhead: {args.clients} clients x {args.tokens} tokens, "
                         f"median of {args.rounds} alternating rounds")
     for col in ("mode", "direct tok/s", "gateway tok/s", "ratio (>=0.95) [q1, q3]", "added p50 ms (<=2)",
@@ -182,7 +207,7 @@ def main() -> int:
             table.add_row(f"{mode}, 8 tok", "-", "-", "-", f"{r['added_p50_ms']:.1f}", f"{r['added_p99_ms']:.1f}")
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps({**results, "machine": machine}, indent=2))
     return 0
 
 
