@@ -6,6 +6,11 @@ quartiles: unlike throughput it holds steady on shared cores. Target: <= 1 ms pe
 gateway's idle CPU (ms per second with no requests) and the machine's load average are printed with
 it: on a busy machine every figure here grows, the CPU time per request included.
 
+The steadiest of these figures comes first: the same JSON request through a second gateway whose
+upstream is a stand-in that answers every call at once with one real vLLM response, recorded from
+the engine at the start (64 tokens, token ids and logprobs). With no engine to wait for, rounds are
+short and vLLM does not compete for the cores, so it is the gateway's own cost per request.
+
 Then 16 concurrent clients, 64 completion tokens each (`ignore_eos`), non-streaming and streaming.
 Rounds alternate direct/gateway so drift on a shared machine hits both arms alike; the throughput
 ratio (gateway / direct) is the median of the per-round ratios (>= 10 rounds: three swung from 0.40
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -34,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from reef.config import ServeConfig  # noqa: E402
-from reef.engine.supervisor import EngineSupervisor  # noqa: E402
+from reef.engine.supervisor import EngineSupervisor, free_port  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 
 MODEL_NAME = "reef-tiny"
@@ -86,6 +92,59 @@ def _idle_cpu_ms_per_s(proc: psutil.Process, seconds: float = 5.0) -> float:
     return (_cpu_s(proc) - cpu0) * 1000 / seconds
 
 
+def _stand_in(port: int, response: bytes) -> None:
+    """An upstream that answers every chat call with `response` (a vLLM response recorded once)."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=response, content_type="application/json")
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
+                                                              "owned_by": "vllm"}]})
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None)
+
+
+def _stand_in_cpu(vllm_url: str, rounds: int, clients: int, tokens: int) -> list[float]:
+    """Gateway CPU ms per JSON request, per round, in front of the stand-in upstream."""
+    import tempfile
+
+    recorded = httpx.post(f"{vllm_url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL_NAME, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "max_tokens": tokens,
+        "ignore_eos": True, "logprobs": True, "return_token_ids": True})
+    recorded.raise_for_status()
+    port = free_port()
+    stand_in = multiprocessing.get_context("spawn").Process(target=_stand_in, args=(port, recorded.content),
+                                                            daemon=True)
+    stand_in.start()
+    gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")),
+                      ["--upstream-url", f"http://127.0.0.1:{port}"]).start()
+    try:
+        assert gw.process is not None
+        proc = psutil.Process(gw.process.pid)
+        asyncio.run(_batch(gw.url, clients, 4, False, tokens))  # warm-up
+        per_round = []
+        for r in range(rounds):
+            cpu0 = _cpu_s(proc)
+            _, lat, _ = asyncio.run(_batch(gw.url, clients, 20, False, tokens))
+            per_round.append((_cpu_s(proc) - cpu0) * 1000 / len(lat))
+            console.print(f"  stand-in round {r + 1}: {per_round[-1]:.2f} ms CPU per request")
+        return per_round
+    finally:
+        gw.stop()
+        stand_in.terminate()
+        stand_in.join()
+
+
 def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
@@ -124,6 +183,12 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     load_before = os.getloadavg()
     try:
+        stand_in = _stand_in_cpu(vllm_url, args.rounds, args.clients, args.tokens)
+        stand_in_q = statistics.quantiles(stand_in, n=4)
+        results["stand-in"] = {"gateway_cpu_ms_per_request": statistics.median(stand_in),
+                               "gateway_cpu_ms_per_request_q1": stand_in_q[0],
+                               "gateway_cpu_ms_per_request_q3": stand_in_q[2],
+                               "gateway_cpu_ms_per_request_rounds": stand_in}
         idle_cpu = _idle_cpu_ms_per_s(proc)
         for stream in (False, True):
             mode = "stream" if stream else "json"
@@ -187,14 +252,15 @@ def main() -> int:
                       f"{args.rounds} rounds [q1, q3]")
     for col in ("mode", "CPU ms / request", "min - max", "net of idle", "target"):
         cpu.add_column(col, justify="right")
-    for mode in ("json", "stream"):
+    for mode in ("stand-in", "json", "stream"):
         r = results[mode]
         per_round = r["gateway_cpu_ms_per_request_rounds"]
-        cpu.add_row(f"{mode}, {args.tokens} tok", f"{r['gateway_cpu_ms_per_request']:.2f} "
+        label = f"{'json, stand-in upstream' if mode == 'stand-in' else mode + ', vLLM'}, {args.tokens} tok"
+        cpu.add_row(label, f"{r['gateway_cpu_ms_per_request']:.2f} "
                     f"[{r['gateway_cpu_ms_per_request_q1']:.2f}, {r['gateway_cpu_ms_per_request_q3']:.2f}]",
                     f"{min(per_round):.2f} - {max(per_round):.2f}",
-                    f"{r['gateway_cpu_ms_per_request_net_of_idle']:.2f}",
-                    "<= 1 ms" if mode == "json" else "-")
+                    f"{r.get('gateway_cpu_ms_per_request_net_of_idle', r['gateway_cpu_ms_per_request']):.2f}",
+                    "-" if mode == "stream" else "<= 1 ms")
     console.print(cpu)
     console.print(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
                   f"out of each round); machine: {os.cpu_count()} cores, load average "
@@ -205,6 +271,8 @@ def main() -> int:
                 "added p99 ms"):
         table.add_column(col, justify="right")
     for mode, r in results.items():
+        if mode == "stand-in":
+            continue
         if "throughput_ratio" in r:
             table.add_row(mode, f"{r['direct_tok_s']:.0f}", f"{r['gateway_tok_s']:.0f}",
                           f"{r['throughput_ratio']:.3f} [{r['throughput_ratio_q1']:.2f}, "
