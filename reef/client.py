@@ -86,9 +86,13 @@ class ReefClient:
     def reject(self, candidate_id: str, reason: str, by: str | None = None) -> dict[str, Any]:
         return self._call("POST", f"/reef/candidates/{candidate_id}/reject", json={"reason": reason, "by": by})
 
-    def start_canary(self, scenario: str, candidate: str, fraction: float | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/reef/scenarios/{scenario}/canary",
-                          json={"candidate": candidate, "fraction": fraction})
+    def start_canary(self, scenario: str, candidate: str, fraction: float | None = None,
+                     expected_parent: str | None = None, approved_by: str | None = None) -> dict[str, Any]:
+        """A routing release on top of `expected_parent` (None: the head) sends `fraction` of the
+        traffic to `candidate`; returns the canary (its `head_release_id` is that release)."""
+        body = {"candidate": candidate, "fraction": fraction}
+        body |= {k: v for k, v in (("expected_parent", expected_parent), ("approved_by", approved_by)) if v}
+        return self._call("POST", f"/reef/scenarios/{scenario}/canary", json=body)
 
     def stop_canary(self, scenario: str) -> dict[str, Any]:
         return self._call("DELETE", f"/reef/scenarios/{scenario}/canary")

@@ -21,6 +21,7 @@ from reef.release import (
     ReleaseChain,
     ReleaseError,
     ReleaseLineage,
+    Routing,
 )
 
 # Spawned, not forked: pytest's process has threads, and forking one copies locks mid-use.
@@ -204,6 +205,30 @@ def test_rollback_is_a_new_release(tmp_path: Path) -> None:
     assert [r.release_id for r in chain.lineage("demo@r1")] == ["demo@r1", "demo@r0"]
     r4 = chain.rollback("demo@r0", expected_parent="demo@r3", approved_by="ops")
     assert r4.content_id == cid("base") and head_text(chain) == "demo@r4\n"
+
+
+def test_routing_release_splits_traffic_and_a_rollback_restores_the_split(tmp_path: Path) -> None:
+    """A canary split is a routing release: the head's content plus a candidate arm; a rollback to it
+    restores the split, and the next release (promote or route) ends it."""
+    chain = chain_with_base(tmp_path)
+    r1 = chain.publish("demo@r0", cid("B"), "lora", "train", harness_id=cid("H"))
+    routing = Routing.canary("demo", r1.content_id, r1.kind, cid("C"), 0.25)
+    assert [(a.arm, a.share, a.label) for a in routing.arms] == [
+        ("head", 0.75, None), ("candidate", 0.25, f"demo@canary-{cid('C')[:12]}")]
+    r2 = chain.publish("demo@r1", r1.content_id, r1.kind, "route", harness_id=r1.harness_id, routing=routing)
+    assert r2.serves() == r1.serves() and r2.split() is not None and r2.split().content_id == cid("C")
+    with pytest.raises(ValueError, match="head arm"):  # the head arm is the release's own content
+        chain.publish("demo@r2", cid("X"), "lora", "route", routing=routing)
+    r3 = chain.publish("demo@r2", r1.content_id, r1.kind, "route", harness_id=r1.harness_id)  # the canary ends
+    assert r3.split() is None
+    with pytest.raises(ReleaseError, match="already serves"):
+        chain.rollback("demo@r1", expected_parent="demo@r3", approved_by="ops")  # same content, no split
+    r4 = chain.rollback("demo@r2", expected_parent="demo@r3", approved_by="ops")
+    assert (r4.routing, r4.restores, r4.harness_id) == (routing, "demo@r2", cid("H"))
+    reread = ReleaseChain(tmp_path, "demo").get("demo@r4")  # durable as JSON, read back the same
+    assert reread.routing == routing
+    with pytest.raises(ValueError, match="sum to 1"):
+        Routing(arms=[a.model_copy(update={"share": 0.5}) if a.arm == "head" else a for a in routing.arms])
 
 
 # --- crash safety ----------------------------------------------------------------------------

@@ -323,53 +323,83 @@ def _decided(api: ReefClient, timeout_s: float = 60.0) -> dict:
     return canary
 
 
+def _routing_release(api: ReefClient, parent: str, started: dict, share: float) -> str:
+    """Starting the canary appended a routing release on `parent`: the head's content, split."""
+    routed = api.releases(S)["head"]
+    assert started["head_release_id"] == routed["release_id"] and routed["parent_release_id"] == parent
+    assert routed["operation"] == "route", routed
+    arms = {a["arm"]: a for a in routed["routing"]["arms"]}
+    assert arms["candidate"]["content_id"] == started["candidate_id"] and arms["candidate"]["share"] == share
+    assert arms["head"]["content_id"] == routed["content_id"] == api.releases(S)["releases"][-2]["content_id"]
+    return routed["release_id"]
+
+
 def test_canary_splits_traffic_and_aborts_on_worse_rewards(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
     parent = head(api)
     started = api.start_canary(S, ids["canary"])
     assert started["state"] == "running" and started["fraction"] == FRACTION
+    routed = _routing_release(api, parent, started, FRACTION)
     n = 120
     records = _canary_requests(gw, n)
     labels = Counter(release for _, release in records)
-    assert set(labels) == {parent, f"{S}@canary-{ids['canary'][:12]}"}, labels
+    assert set(labels) == {routed, f"{S}@canary-{ids['canary'][:12]}"}, labels
     sigma = math.sqrt(n * FRACTION * (1 - FRACTION))
-    assert abs(labels[parent] - n * (1 - FRACTION)) < 4 * sigma, labels  # the configured share, within sampling error
-    assert api.canary(S)["arms"]["candidate"]["requests"] == n - labels[parent]
+    assert abs(labels[routed] - n * (1 - FRACTION)) < 4 * sigma, labels  # the configured share, within sampling error
+    assert api.canary(S)["arms"]["candidate"]["requests"] == n - labels[routed]
     _report(gw, records, {"candidate": 0.0, "head": 1.0})
     canary = _decided(api)
     assert canary["state"] == "aborted" and "live reward" in canary["reason"], canary
-    assert head(api) == parent
+    ended = api.releases(S)["head"]  # the abort is the next release: the head's content, no split
+    assert (ended["parent_release_id"], ended["operation"], ended["routing"]) == (routed, "route", None), ended
     after = Counter(release for _, release in _canary_requests(gw, 10))
-    assert set(after) == {parent}, after  # all traffic is back on the head
+    assert set(after) == {ended["release_id"]}, after  # all traffic is back on the head
 
 
-def test_a_canary_survives_a_restart(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
-    """Its state is persisted and its numbers are counted again from the recorded experience."""
+def test_a_canary_survives_a_restart_and_a_rollback_restores_it(gw: Gateway, api: ReefClient,
+                                                                ids: dict[str, str]) -> None:
+    """The split is the head's routing release: a restarted server applies it; the canary's numbers are
+    counted again from the recorded experience; a rollback to that release splits traffic again."""
     parent = head(api)
     started = api.start_canary(S, ids["canary"], fraction=0.5)
+    routed = _routing_release(api, parent, started, 0.5)
     records = _canary_requests(gw, 16)
     _report(gw, records[:8], {"candidate": 1.0, "head": 0.0})  # fewer than MIN_REPORTS per arm
     before = api.canary(S)
     assert before["state"] == "running"
     gw.stop()
     gw.start()
+    assert head(api) == routed
     after = api.canary(S)
-    assert (after["canary_id"], after["state"], after["head_release_id"]) == (started["canary_id"], "running", parent)
+    assert (after["canary_id"], after["state"], after["head_release_id"]) == (started["canary_id"], "running", routed)
     assert after["arms"] == before["arms"], (before, after)
+    arm = f"{S}@canary-{ids['canary'][:12]}"
     labels = Counter(release for _, release in _canary_requests(gw, 20))
-    assert set(labels) == {parent, f"{S}@canary-{ids['canary'][:12]}"}, labels  # the split is back
+    assert set(labels) == {routed, arm}, labels  # the split is back
+    assert api.stop_canary(S)["state"] == "aborted"
+    ended = head(api)
+    assert set(Counter(release for _, release in _canary_requests(gw, 6))) == {ended}
+
+    restored = api.rollback(S, routed, ended)["release"]
+    assert (restored["operation"], restored["restores"], restored["parent_release_id"]) == ("rollback", routed, ended)
+    assert restored["routing"] == api.releases(S)["releases"][-3]["routing"]  # r(routed)'s split, as it was
+    labels = Counter(release for _, release in _canary_requests(gw, 20))
+    assert set(labels) == {restored["release_id"], arm}, labels
+    again = api.canary(S)  # a canary of its own decides over the restored split
+    assert (again["state"], again["head_release_id"]) == ("running", restored["release_id"])
+    assert again["canary_id"] != started["canary_id"] and again["arms"]["candidate"]["requests"] == labels[arm]
     api.stop_canary(S)
-    assert api.canary(S)["state"] == "aborted"
+    assert api.canary(S)["state"] == "aborted" and api.releases(S)["head"]["routing"] is None
 
 
 def test_canary_promotes_on_better_rewards(gw: Gateway, api: ReefClient, ids: dict[str, str]) -> None:
     parent = head(api)
-    api.start_canary(S, ids["canary"], fraction=0.5)
+    routed = _routing_release(api, parent, api.start_canary(S, ids["canary"], fraction=0.5), 0.5)
     _report(gw, _canary_requests(gw, 60), {"candidate": 1.0, "head": 0.0})
     canary = _decided(api)
     assert canary["state"] == "promoted", canary
     release = api.releases(S)["head"]
-    assert release["release_id"] == canary["release_id"] and release["parent_release_id"] == parent
-    assert release["operation"] == "promote" and release["content_id"] == ids["canary"]
+    assert release["release_id"] == canary["release_id"] and release["parent_release_id"] == routed
+    assert release["routing"] is None and release["operation"] == "promote" and release["content_id"] == ids["canary"]
     assert release["evaluation"]["canary"]["arms"]["candidate"]["reports"] >= MIN_REPORTS
     after = Counter(release for _, release in _canary_requests(gw, 5))
     assert set(after) == {release["release_id"]}, after

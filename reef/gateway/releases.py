@@ -54,6 +54,9 @@ class CanaryIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     candidate: str = Field(min_length=8)
     fraction: float | None = Field(default=None, gt=0, lt=1)
+    expected_parent: str | None = Field(default=None, description="the head the routing release goes on; "
+                                                                  "unset: whatever the head is")
+    approved_by: str | None = None
 
 
 def _admin(request: Request) -> GatewayState:
@@ -161,16 +164,20 @@ async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) 
 async def start_canary(scenario: str, body: CanaryIn, request: Request) -> dict[str, Any]:
     st = _admin(request)
     try:
-        canary = await _publisher(st).canary.start(_scenario(scenario), body.candidate, body.fraction)
+        canary = await _publisher(st).canary.start(_scenario(scenario), body.candidate, body.fraction,
+                                                   body.expected_parent, body.approved_by)
     except Exception as exc:  # noqa: BLE001
         raise _as_http(exc) from exc
     return canary.public()
 
 
-@router.delete("/reef/scenarios/{scenario}/canary", responses=errors(401, 403, 404, 503), openapi_extra=ADMIN)
+@router.delete("/reef/scenarios/{scenario}/canary", responses=_ADMIN_SWAP_ERRORS, openapi_extra=ADMIN)
 async def stop_canary(scenario: str, request: Request) -> dict[str, Any]:
     st = _admin(request)
-    canary = await _publisher(st).canary.stop(_scenario(scenario))
+    try:
+        canary = await _publisher(st).canary.stop(_scenario(scenario))
+    except Exception as exc:  # noqa: BLE001
+        raise _as_http(exc) from exc
     if canary is None:
         raise ReefError(404, f"no canary runs for {scenario}", code="not_found")
     return canary.public()

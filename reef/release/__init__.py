@@ -25,10 +25,18 @@ from reef.release.chain import (
     ReleaseError,
     ReleaseNotFoundError,
 )
-from reef.release.schema import ArtifactFile, ArtifactManifest, Release, ReleaseLineage, release_name
+from reef.release.schema import (
+    ArtifactFile,
+    ArtifactManifest,
+    Release,
+    ReleaseLineage,
+    Routing,
+    RoutingArm,
+    release_name,
+)
 
 __all__ = [
     "ArtifactError", "ArtifactFile", "ArtifactManifest", "ArtifactNotFoundError", "ArtifactStore",
     "ChainCorruptError", "CorruptArtifactError", "HeadMovedError", "Release", "ReleaseChain", "ReleaseError",
-    "ReleaseLineage", "ReleaseNotFoundError", "content_id_of", "release_name",
+    "ReleaseLineage", "ReleaseNotFoundError", "Routing", "RoutingArm", "content_id_of", "release_name",
 ]

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from reef.durable import append_line, read_log
 from reef.experience import shards
+from reef.release.schema import canary_label
 from reef.scenario.schema import CanaryConfig
 from reef.statemachine import LogEvent, Transitions
 
@@ -83,6 +84,8 @@ class Canary(BaseModel):
     canary_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     scenario: str
     candidate_id: str
+    # The routing release that split the traffic: the head arm's records carry it, and the canary runs
+    # while it heads the chain (a promotion expects it as its parent).
     head_release_id: str
     fraction: float
     min_reports: int
@@ -98,7 +101,7 @@ class Canary(BaseModel):
     @property
     def label(self) -> str:
         """The release label the candidate arm's records carry."""
-        return f"{self.scenario}@canary-{self.candidate_id[:12]}"
+        return canary_label(self.scenario, self.candidate_id)
 
     def public(self) -> dict[str, object]:
         out = self.model_dump(exclude={"arms"})

@@ -1,25 +1,30 @@
 """The canary controller: starts and stops canaries, carries out their rule's verdict, and resumes
 them after a restart.
 
-A canary puts a selected LoRA candidate next to the scenario's head (a `CanarySplit` on its
-route); the gateway counts each arm's requests and reports (reef.release.canary). A report that
-completes the sample only schedules the decision: it runs here, in a background task, never
-inside the report's request. The controller promotes the candidate (a `promote` release through
-the publisher, expecting the head the canary compared against) or aborts (the split is dropped).
-Every transition is persisted (reef.release.canary.CanaryLog) before it takes effect.
+A canary's traffic split is a routing release on the scenario's chain (reef.release.schema.Routing:
+the head arm and the candidate arm with their shares): starting a canary appends one, and the
+canary ends with the next release, whatever it is (its promotion, a routing release without the
+split when it is aborted, or any release or rollback a person makes). The chain is the one truth
+of what serves: a restarted `reef serve` applies the head's split, and a rollback to a routing
+release restores it. The canary log (reef.release.canary.CanaryLog) is the decision's state
+machine over that split: a canary runs exactly while the head is its routing release
+(`Canary.head_release_id`), and a chain release is always written before the canary event it
+causes, so a crash between the two is repaired from the chain at the next start.
+
+The gateway counts each arm's requests and reports (reef.release.canary). A report that completes
+the sample only schedules the decision: it runs here, in a background task, never inside the
+report's request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reef.release.canary import Canaries, Canary, CanaryLog, CanaryState, recount
 from reef.release.candidates import CandidateRegistry
-from reef.release.chain import NotSelectedError, ReleaseError
-from reef.release.routing import CanarySplit
+from reef.release.chain import HeadMovedError, NotSelectedError, ReleaseError
 from reef.release.schema import Release
 from reef.release.swap import EngineConflictError
 
@@ -43,7 +48,10 @@ class CanaryController:
 
     # --- a person (or the API) --------------------------------------------------------------
 
-    async def start(self, scenario: str, candidate_id: str, fraction: float | None) -> Canary:
+    async def start(self, scenario: str, candidate_id: str, fraction: float | None,
+                    expected_parent: str | None = None, approved_by: str | None = None) -> Canary:
+        """Append a routing release splitting `fraction` of the traffic to the candidate (on top of
+        `expected_parent`; None: the head); its canary starts with it."""
         pub = self.publisher
         view = CandidateRegistry(pub.data_dir, scenario).get(candidate_id)
         if view.status != "selected":
@@ -51,20 +59,36 @@ class CanaryController:
                                    "candidate the gate selected")
         if view.kind != "lora":
             raise EngineConflictError("a canary shares the engine with the head, so it needs a LoRA candidate")
-        async with pub.lock:
-            route = pub.routes.for_scenario(scenario)
-            model, _ = await pub._load(scenario, view.candidate_id, "lora")
-            self._end(scenario, "aborted", "replaced by another canary")
-            canary = self.canaries.new(scenario, view.candidate_id, route.release_id,
-                                       pub.config.scenario(scenario).canary, fraction)
-            await asyncio.to_thread(self.log(scenario).append, canary, "running")
-            self.canaries.run(canary)
-            self._split(canary, model)
-        return canary
+        share = fraction if fraction is not None else pub.config.scenario(scenario).canary.fraction
+        evaluation: dict[str, Any] = {"canary": {"candidate_id": view.candidate_id, "fraction": share,
+                                                 "gate": view.gate.summary() if view.gate else None}}
+        release = await pub.route(scenario, expected_parent, (view.candidate_id, share), approved_by or "admin",
+                                  evaluation, reason="replaced by another canary")
+        return self._of(scenario, release.release_id)
 
-    async def stop(self, scenario: str, reason: str = "stopped by a person") -> Canary | None:
-        async with self.publisher.lock:
-            return self._end(scenario, "aborted", reason)
+    async def stop(self, scenario: str, reason: str = "stopped by a person",
+                   approved_by: str | None = None) -> Canary | None:
+        canary = self.canaries.running.get(scenario)
+        if canary is None:
+            return None
+        await self._end_split(scenario, canary, reason, approved_by or "admin")
+        return self._of(scenario, canary.head_release_id)
+
+    def _of(self, scenario: str, routing_release: str) -> Canary:
+        """The canary of a routing release, running or (already) decided."""
+        for canary in (self.canaries.running.get(scenario), self.canaries.finished.get(scenario)):
+            if canary is not None and canary.head_release_id == routing_release:
+                return canary
+        found = next(c for c in reversed(self.log(scenario).canaries()) if c.head_release_id == routing_release)
+        return found
+
+    async def _end_split(self, scenario: str, canary: Canary, reason: str | None, by: str = "canary") -> None:
+        """End `canary` by a routing release without its split. A head that moved already ended it."""
+        try:
+            await self.publisher.route(scenario, canary.head_release_id, None, by, {"canary": canary.public()},
+                                       reason=reason)
+        except HeadMovedError:
+            pass  # the release that moved the head ended the canary (on_release)
 
     # --- the rule ---------------------------------------------------------------------------
 
@@ -89,35 +113,46 @@ class CanaryController:
             verdict = canary.decide() if canary is not None else None
             if canary is None or verdict is None:
                 return
-            if verdict == "aborted":
-                log.warning("%s: canary of %s aborted: %s", scenario, canary.candidate_id[:12], canary.reason)
-                self._end(scenario, "aborted", canary.reason)
-                return
-            await asyncio.to_thread(self.log(scenario).append, canary, "promoting", canary.reason)
+            if verdict == "promoted":
+                await asyncio.to_thread(self.log(scenario).append, canary, "promoting", canary.reason)
+        if verdict == "aborted":
+            log.warning("%s: canary of %s aborted: %s", scenario, canary.candidate_id[:12], canary.reason)
+            await self._end_split(scenario, canary, canary.reason)
+            return
         try:
-            # The publisher ends the canary as promoted when it switches the route (superseded()).
+            # The promote release ends the canary as promoted when it switches the route (on_release).
             await pub.release(scenario, canary.candidate_id, canary.head_release_id, approved_by="canary",
                               operation="promote")
         except Exception as exc:  # noqa: BLE001 - any refusal aborts the canary, with the reason
-            async with pub.lock:
-                if self.canaries.running.get(scenario) is canary:
-                    self._end(scenario, "aborted", f"promotion failed: {exc}")
+            if self.canaries.running.get(scenario) is canary:
+                await self._end_split(scenario, canary, f"promotion failed: {exc}")
             if not isinstance(exc, ReleaseError):
                 raise
 
     # --- for the publisher (it holds its lock) -----------------------------------------------
 
-    def superseded(self, scenario: str, release: Release) -> None:
-        """`release` now serves the scenario: its canary is promoted (if this was its promotion)
-        or aborted."""
+    def on_release(self, scenario: str, release: Release, reason: str | None = None) -> None:
+        """`release` now heads the scenario: the canary running until now ends (promoted if this is
+        its promotion, else aborted with `reason`), and a release that splits traffic starts its own."""
         canary = self.canaries.running.get(scenario)
-        if canary is None:
-            return
-        if (canary.state == "promoting" and release.operation == "promote"
-                and release.content_id == canary.candidate_id):
-            self._end(scenario, "promoted", canary.reason, release.release_id)
-        else:
-            self._end(scenario, "aborted", f"superseded by {release.release_id}")
+        if canary is not None:
+            if (canary.state == "promoting" and release.operation == "promote"
+                    and release.content_id == canary.candidate_id):
+                self._end(scenario, "promoted", canary.reason, release.release_id)
+            else:
+                self._end(scenario, "aborted", reason or f"superseded by {release.release_id}")
+        if release.split() is not None:
+            self._begin(scenario, release, f"restored by {release.release_id}" if release.operation == "rollback"
+                        else None)
+
+    def _begin(self, scenario: str, release: Release, reason: str | None) -> Canary:
+        arm = release.split()
+        assert arm is not None
+        canary = self.canaries.new(scenario, arm.content_id, release.release_id,
+                                   self.publisher.config.scenario(scenario).canary, arm.share)
+        self.log(scenario).append(canary, "running", reason)
+        self.canaries.run(canary)
+        return canary
 
     def _end(self, scenario: str, state: CanaryState, reason: str | None,
              release_id: str | None = None) -> Canary | None:
@@ -125,73 +160,71 @@ class CanaryController:
         if canary is None:
             return None
         self.log(scenario).append(canary, state, reason, release_id)
-        routes = self.publisher.routes
-        route = routes.serving().get(scenario)
-        if route is not None and route.canary is not None:
-            routes.set(scenario, dataclasses.replace(route, canary=None))
         return self.canaries.end(scenario)
-
-    def _split(self, canary: Canary, model: str) -> None:
-        routes = self.publisher.routes
-        route = routes.for_scenario(canary.scenario)
-        split = CanarySplit(canary.candidate_id, model, canary.label, canary.fraction)
-        routes.set(canary.scenario, dataclasses.replace(route, canary=split))  # the head's harness stays
 
     # --- restart ----------------------------------------------------------------------------
 
     async def resume(self) -> None:
-        """Take up each scenario's last canary where the previous server left it."""
-        for path in sorted((self.publisher.data_dir / "releases").glob("*/canaries.jsonl")):
-            scenario = path.parent.name
-            canary = self.log(scenario).last()
-            if canary is None:
-                continue
-            if canary.state in ("promoted", "aborted"):
-                self.canaries.finished[scenario] = canary
-                continue
-            async with self.publisher.lock:
-                try:
-                    await self._resume(scenario, canary)
-                except ReleaseError as exc:
-                    self._end(scenario, "aborted", f"could not resume after a restart: {exc}")
-                finally:
-                    self.publisher.hold.open()
-
-    async def _resume(self, scenario: str, canary: Canary) -> None:
+        """Bring each scenario's canary in line with its chain's head, after the publisher applied
+        the heads (and their splits): the canary of the head's routing release runs on, counted
+        again from the recorded experience; any other that was running ends."""
         pub = self.publisher
-        chain = pub.chain(scenario)
-        self.canaries.run(canary)  # so that every way out below is a persisted transition
-        if canary.state == "promoting":
-            done = next((r for r in chain.releases() if r.operation == "promote"
-                         and r.content_id == canary.candidate_id
-                         and r.parent_release_id == canary.head_release_id), None)
-            if done is not None:
-                self._end(scenario, "promoted", canary.reason, done.release_id)
-                return
-            self.log(scenario).append(canary, "running", "resumed: the promotion had not happened")
+        scenarios = sorted({p.parent.name for p in (pub.data_dir / "releases").glob("*/canaries.jsonl")}
+                           | set(pub.routes.serving()))
+        for scenario in scenarios:
+            lost: Canary | None = None
+            async with pub.lock:
+                try:
+                    lost = await self._resume(scenario)
+                except ReleaseError as exc:
+                    log.error("%s: could not resume the canary: %s", scenario, exc)
+                finally:
+                    pub.hold.open()
+            if lost is not None:
+                await self._end_split(scenario, lost, "could not load the candidate again after a restart")
+
+    async def _resume(self, scenario: str) -> Canary | None:
+        """Returns a canary whose split could not be applied (to be ended on the chain)."""
+        chain = self.publisher.chain(scenario)
         head = chain.head()
-        if head is None or head.release_id != canary.head_release_id:
-            self._end(scenario, "aborted", f"the head moved to {head.release_id if head else None} meanwhile")
-            return
-        model, _ = await pub._load(scenario, canary.candidate_id, "lora")
-        canary.arms, by_record = await asyncio.to_thread(recount, pub.data_dir, canary)
+        split = head.split() if head is not None else None
+        canary = self.log(scenario).last()
+        if canary is not None and canary.state in ("promoted", "aborted"):
+            self.canaries.finished[scenario] = canary
+            canary = None
+        if canary is not None:
+            self.canaries.run(canary)  # so that every way out below is a persisted transition
+            if canary.state == "promoting":
+                done = next((r for r in chain.releases() if r.operation == "promote"
+                             and r.content_id == canary.candidate_id
+                             and r.parent_release_id == canary.head_release_id), None)
+                if done is not None:
+                    self._end(scenario, "promoted", canary.reason, done.release_id)
+                    canary = None
+            if canary is not None and (head is None or canary.head_release_id != head.release_id):
+                self._end(scenario, "aborted", f"the head moved to {head.release_id if head else None} meanwhile")
+                canary = None
+            if canary is not None and canary.state == "promoting":
+                self.log(scenario).append(canary, "running", "resumed: the promotion had not happened")
+        if split is None or head is None:
+            return None
+        if canary is None:  # the routing release was committed, its canary event was not
+            canary = self._begin(scenario, head, "resumed from the head's routing release")
+        if self.publisher.routes.for_scenario(scenario).canary is None:
+            return canary
+        canary.arms, by_record = await asyncio.to_thread(recount, self.publisher.data_dir, canary)
         self.canaries.run(canary, by_record)
-        self._split(canary, model)
         log.info("%s: canary of %s resumed with %s", scenario, canary.candidate_id[:12],
                  {arm: stats.public() for arm, stats in canary.arms.items()})
         self.schedule([scenario])
+        return None
 
-    async def reload(self) -> None:
-        """After an engine restart: load each running canary's adapter again and split again."""
-        pub = self.publisher
+    async def splits_applied(self) -> None:
+        """After an engine restart the publisher applied every head again: a running canary whose
+        candidate could not be loaded again ends."""
         for scenario, canary in list(self.canaries.running.items()):
-            async with pub.lock:
-                try:
-                    model, _ = await pub._load(scenario, canary.candidate_id, "lora")
-                except ReleaseError as exc:
-                    self._end(scenario, "aborted", f"could not load it again after an engine restart: {exc}")
-                    continue
-                self._split(canary, model)
+            if self.publisher.routes.for_scenario(scenario).canary is None:
+                await self._end_split(scenario, canary, "could not load the candidate again after an engine restart")
 
     def close(self) -> None:
         for task in self._tasks.values():

@@ -34,6 +34,7 @@ from reef.release.schema import (
     Operation,
     Release,
     ReleaseLineage,
+    Routing,
     release_name,
     utcnow,
     validate_scenario,
@@ -158,32 +159,34 @@ class ReleaseChain:
         lineage: ReleaseLineage | None = None,
         harness_id: str | None = None,
         harness_lineage: ReleaseLineage | None = None,
+        routing: Routing | None = None,
     ) -> Release:
-        """Append a release serving `content_id` (with harness `harness_id`) if the head is still
-        `expected_parent` (None: the chain is empty); HeadMovedError otherwise. Returns once the
-        release is durable."""
+        """Append a release serving `content_id` (with harness `harness_id`, traffic split by
+        `routing`) if the head is still `expected_parent` (None: the chain is empty);
+        HeadMovedError otherwise. Returns once the release is durable."""
         if operation == "rollback":
             raise ValueError("publish a rollback with rollback(), which takes the content from the chain")
         fields = dict(content_id=content_id, kind=kind, operation=operation, evaluation=evaluation,
                       approved_by=approved_by, lineage=lineage, harness_id=harness_id,
-                      harness_lineage=harness_lineage)
+                      harness_lineage=harness_lineage, routing=routing)
         return self._commit(expected_parent, lambda _: fields)
 
     def rollback(
         self, release_id: str, expected_parent: str, approved_by: str, evaluation: dict[str, Any] | None = None
     ) -> Release:
-        """Serve `release_id`'s content (weights and harness) again, as a new release on top of the head."""
+        """Serve `release_id`'s content (weights, harness and traffic split) again, as a new release on
+        top of the head."""
 
         def build(releases: list[Release]) -> dict[str, Any]:
             target = next((r for r in releases if r.release_id == release_id), None)
             if target is None:
                 raise ReleaseNotFoundError(f"no release {release_id} in {self.chain_path}")
-            if target.serves() == releases[-1].serves():
+            if target.traffic() == releases[-1].traffic():
                 raise ReleaseError(f"{releases[-1].release_id} already serves {release_id}'s content")
             return dict(content_id=target.content_id, kind=target.kind, operation="rollback",
                         evaluation=evaluation, approved_by=approved_by, lineage=target.lineage,
                         restores=target.release_id, harness_id=target.harness_id,
-                        harness_lineage=target.harness_lineage)
+                        harness_lineage=target.harness_lineage, routing=target.routing)
 
         return self._commit(expected_parent, build)
 
@@ -219,6 +222,9 @@ class ReleaseChain:
                                      f"not {fields['kind']}")
                 if fields.get("harness_id") and self.artifacts.get(fields["harness_id"]).kind != "harness":
                     raise ValueError(f"content {fields['harness_id']} is not a harness artifact")
+                split = fields["routing"].arm("candidate") if fields.get("routing") else None
+                if split is not None and self.artifacts.get(split.content_id).kind != split.kind:
+                    raise ValueError(f"canary content {split.content_id} is not a {split.kind} artifact")
             release = Release(release_id=release_name(self.scenario, seq), scenario=self.scenario, seq=seq,
                               parent_release_id=actual, created_at=utcnow(), **fields)
             self._append(release)

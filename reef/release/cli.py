@@ -12,7 +12,10 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reef.release.schema import Release
 
 COMMANDS = ("releases", "release", "rollback", "lineage", "candidates", "gate", "track")
 
@@ -122,10 +125,12 @@ def _releases(args: argparse.Namespace) -> int:
         print(json.dumps(data[names[0]] if args.scenario else data, indent=2, default=str))
         return 0
     for name, releases in chains.items():
-        rows = [[r.release_id, r.operation, r.kind, r.content_id[:12], r.approved_by or "", r.restores or "",
-                 _gate_line(r.evaluation), f"{r.created_at:%m-%d %H:%M:%S}"] for r in releases]
+        rows = [[r.release_id, r.operation, r.kind, r.content_id[:12], (r.harness_id or "")[:12], _split(r),
+                 r.approved_by or "", r.restores or "", _gate_line(r.evaluation), f"{r.created_at:%m-%d %H:%M:%S}"]
+                for r in releases]
         _print(args, None, rows,
-               ["release", "operation", "kind", "content", "approved by", "restores", "evaluation", "created"],
+               ["release", "operation", "kind", "content", "harness", "split", "approved by", "restores",
+                "evaluation", "created"],
                f"{name}: head {releases[-1].release_id}")
     return 0
 
@@ -161,6 +166,12 @@ def _rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split(release: Release) -> str:
+    """A routing release's canary arm: `30% -> <candidate>`."""
+    split = release.split()
+    return f"{split.share:.0%} -> {split.content_id[:12]}" if split else ""
+
+
 def _lineage(args: argparse.Namespace) -> int:
     from reef.release.chain import ReleaseChain
 
@@ -168,12 +179,13 @@ def _lineage(args: argparse.Namespace) -> int:
     rows = []
     for r in releases:
         lin = r.lineage
-        rows.append([r.release_id, r.operation, r.content_id[:12], (r.harness_id or "")[:12],
+        rows.append([r.release_id, r.operation, r.content_id[:12], (r.harness_id or "")[:12], _split(r),
                      (lin.recipe or "").split(":")[-1] if lin else "",
                      (lin.snapshot_id or "") if lin else "", (lin.parent_release or "") if lin else "",
                      (lin.code_commit or "")[:12] if lin else ""])
     _print(args, [r.model_dump(mode="json") for r in releases], rows,
-           ["release", "operation", "content", "harness", "recipe", "snapshot", "trained on traffic of", "code"],
+           ["release", "operation", "content", "harness", "split", "recipe", "snapshot", "trained on traffic of",
+            "code"],
            f"lineage of {args.release} (--json for params and versions)")
     return 0
 

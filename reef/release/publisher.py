@@ -3,8 +3,10 @@ proves it serves, moves the chain's head, and switches the scenario's route, in 
 
     release(s, candidate, expected_parent)   a gate-selected candidate becomes s@r<n+1>
     release(..., harness=h)                  weights and a harness candidate in one step (composite)
-    rollback(s, release_id, expected_parent) an older release's content serves again, as s@r<n+1>
-    apply_heads()                            serve each scenario's head (at start, after an engine restart)
+    rollback(s, release_id, expected_parent) an older release's content (and traffic split) serves again
+    route(s, expected_parent, split)         a routing release: the head's content, a canary split on or off
+    apply_heads()                            serve each scenario's head and its split (at start, after an
+                                             engine restart)
 
 Order is what makes a swap safe:
 1. The head must still be `expected_parent` (checked first, and again by the chain's CAS).
@@ -14,7 +16,8 @@ Order is what makes a swap safe:
 4. The route switches in one assignment: each request records the release whose weights answered.
 If 2-3 fail, the previous release keeps serving and `GET /reef/status` shows the error.
 
-Canaries (a share of live traffic on a candidate) are `self.canary` (reef.release.canary_control).
+Canaries (a share of live traffic on a candidate) are `self.canary` (reef.release.canary_control);
+their traffic split is a routing release on the chain, so a restart or a rollback restores it.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from reef.release.canary import Canaries
 from reef.release.canary_control import CanaryController
 from reef.release.candidates import CandidateRegistry, CandidateStateError, CandidateView
 from reef.release.chain import HeadMovedError, NotSelectedError, ReleaseChain, ReleaseError, StaleGateError
-from reef.release.routing import Route, Routes
-from reef.release.schema import Release
+from reef.release.routing import CanarySplit, Route, Routes
+from reef.release.schema import Release, Routing
 from reef.release.swap import EngineConflictError, SwapFailedError, Swapper, Undo
 
 log = logging.getLogger("reef.release")
@@ -97,7 +100,8 @@ class Publisher:
         await self.canary.resume()
 
     async def apply_heads(self) -> None:
-        """Serve each scenario's head; the engine holds only the base (it just started)."""
+        """Serve each scenario's head, with its traffic split (a canary's candidate arm) when it has
+        one; the engine holds only the base (it just started)."""
         if self.disabled or self.base_content is None:
             return
         scenarios = sorted({p.parent.name for p in (self.data_dir / "releases").glob("*/chain.jsonl")}
@@ -112,22 +116,43 @@ class Publisher:
                 continue
             head = chain.head()
             assert head is not None
-            if head.content_id == self.base_content:
-                self.routes.set(scenario, Route(self.config.model_name, head.release_id, head.content_id, "full",
-                                                harness_id=head.harness_id))
-                continue
             async with self.lock:
                 try:
-                    model, _ = await self._load(scenario, head.content_id, head.kind)
-                    self.routes.set(scenario, Route(model, head.release_id, head.content_id, head.kind,
-                                                    harness_id=head.harness_id))
-                    self.swapped_at[scenario] = time.time()
+                    if head.content_id == self.base_content:
+                        model = self.config.model_name
+                    else:
+                        model, _ = await self._load(scenario, head.content_id, head.kind)
+                        self.swapped_at[scenario] = time.time()
+                    self.routes.set(scenario, self._route(head, model, await self._load_split(scenario, head)))
                 except ReleaseError as exc:
                     self.errors[scenario] = f"could not serve head {head.release_id}: {exc}"
                     log.error("%s: %s", scenario, self.errors[scenario])
                     self.routes.set(scenario, Route(self.config.model_name, r0.release_id, r0.content_id, "full"))
                 finally:
                     self.hold.open()
+
+    async def _load_split(self, scenario: str, release: Release) -> str | None:
+        """The engine name of `release`'s candidate arm, loaded; None without a split, or when it
+        cannot be loaded (the head arm serves alone; the canary controller then ends the split)."""
+        arm = release.split()
+        if arm is None:
+            return None
+        try:
+            model, _ = await self._load(scenario, arm.content_id, arm.kind)
+        except ReleaseError as exc:
+            self.errors[scenario] = (f"could not load the canary arm {arm.content_id[:12]} of "
+                                     f"{release.release_id}: {exc}")
+            log.error("%s: %s", scenario, self.errors[scenario])
+            return None
+        return model
+
+    @staticmethod
+    def _route(release: Release, model: str, split_model: str | None) -> Route:
+        arm = release.split()
+        split = (CanarySplit(arm.content_id, split_model, arm.label or release.release_id, arm.share)
+                 if arm is not None and split_model is not None else None)
+        return Route(model, release.release_id, release.content_id, release.kind, canary=split,
+                     harness_id=release.harness_id)
 
     async def engine_restarted(self) -> None:
         """The engine came back empty (the base weights, no adapters): serve every head and canary
@@ -137,7 +162,7 @@ class Publisher:
         self.slots.forget()
         self.swapper.engine_full = self.base_content
         await self.apply_heads()
-        await self.canary.reload()
+        await self.canary.splits_applied()
 
     def _new_scenario(self, scenario: str) -> None:
         """A request for a scenario nobody released to: give it a chain whose r0 is the base."""
@@ -158,8 +183,11 @@ class Publisher:
     def serving(self, scenario: str) -> dict[str, Any]:
         route = self.routes.for_scenario(scenario)
         swapped = self.swapped_at.get(scenario)
+        split = route.canary
         return {"release_id": route.release_id, "model": route.model, "content_id": route.content_id,
                 "kind": route.kind, "swapped_at": swapped, "error": self.errors.get(scenario),
+                "split": None if split is None else {"candidate_id": split.candidate_id, "label": split.label,
+                                                     "share": split.fraction},
                 "canary": self.canary.describe(scenario)}
 
     # --- operations ----------------------------------------------------------------------------
@@ -185,7 +213,8 @@ class Publisher:
             head = chain.head()
             for cid in ids:
                 view = views[cid] = registry.get(cid)
-                if view.status != "selected":
+                # A split restored by a rollback may promote a candidate that was released before.
+                if view.status != "selected" and not (operation == "promote" and view.status == "released"):
                     reason = f": {view.gate.reason}" if view.gate and view.status == "rejected" else ""
                     raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}{reason}; only a "
                                            "candidate the gate selected can be released")
@@ -198,7 +227,7 @@ class Publisher:
                                          f"{view.gate.head_release_id}, but {head.release_id} serves other content "
                                          "now: gate it again (reef gate, or reef.release.gate.evaluate_candidate)")
 
-        def commit(chain: ReleaseChain) -> Release:
+        def commit(chain: ReleaseChain, expected_parent: str) -> Release:
             parent = chain.get(expected_parent)
             chosen = [views[cid] for cid in ids]
             weights = next((v for v in chosen if v.kind != "harness"), None)
@@ -232,20 +261,43 @@ class Publisher:
                        approved_by: str | None = None) -> tuple[Release, dict[str, Any]]:
         target = self.chain(scenario).get(release_id)
 
-        def commit(chain: ReleaseChain) -> Release:
+        def commit(chain: ReleaseChain, expected_parent: str) -> Release:
             return chain.rollback(release_id, expected_parent, approved_by or "unknown")
 
-        return await self._publish(scenario, target.content_id, target.kind, expected_parent, commit)
+        split = target.split()
+        return await self._publish(scenario, target.content_id, target.kind, expected_parent, commit,
+                                   split=split.content_id if split else None, reason=f"rolled back to {release_id}")
 
-    async def _publish(self, scenario: str, content_id: str | None, kind: str | None, expected_parent: str,
-                       commit: Callable[[ReleaseChain], Release],
-                       check: Callable[[], None] | None = None) -> tuple[Release, dict[str, Any]]:
-        """Load `content_id` (None: the head's weights stay), commit, switch the route."""
+    async def route(self, scenario: str, expected_parent: str | None, split: tuple[str, float] | None,
+                    approved_by: str | None, evaluation: dict[str, Any] | None = None,
+                    reason: str | None = None) -> Release:
+        """A routing release: the head's content, with a share of traffic on a LoRA candidate
+        (`split` = (candidate, fraction): a canary starts) or with none (it ends). `expected_parent`
+        None: whatever the head is. The canary controller keeps the canary's state in step."""
+
+        def commit(chain: ReleaseChain, expected_parent: str) -> Release:
+            parent = chain.get(expected_parent)
+            routing = None if split is None else Routing.canary(scenario, parent.content_id, parent.kind, *split)
+            return chain.publish(expected_parent, parent.content_id, parent.kind, "route", evaluation=evaluation,
+                                 approved_by=approved_by, lineage=parent.lineage, harness_id=parent.harness_id,
+                                 harness_lineage=parent.harness_lineage, routing=routing)
+
+        release, _ = await self._publish(scenario, None, None, expected_parent, commit,
+                                         split=split[0] if split else None, reason=reason)
+        return release
+
+    async def _publish(self, scenario: str, content_id: str | None, kind: str | None, expected_parent: str | None,
+                       commit: Callable[[ReleaseChain, str], Release], check: Callable[[], None] | None = None,
+                       split: str | None = None, reason: str | None = None) -> tuple[Release, dict[str, Any]]:
+        """Load `content_id` (None: the head's weights stay) and the LoRA `split` (a canary arm),
+        commit on top of `expected_parent` (None: the head), switch the route. `reason`: why a
+        canary running until now ends (when this release ends it)."""
         chain = self.chain(scenario)
         async with self.lock:
             head = chain.head()
-            if head is None or head.release_id != expected_parent:
+            if head is None or (expected_parent is not None and head.release_id != expected_parent):
                 raise HeadMovedError(scenario, expected_parent, head.release_id if head else None)
+            expected_parent = head.release_id
             if check is not None:
                 check()
             if content_id is None or kind is None:
@@ -253,18 +305,20 @@ class Publisher:
             started = time.perf_counter()
             current = self.routes.for_scenario(scenario)
             try:
-                if (content_id, kind) == (current.content_id, current.kind):  # a harness change: no swap
+                if (content_id, kind) == (current.content_id, current.kind):  # a harness or routing change: no swap
                     model, undo = current.model, _nothing
                 else:
                     model, undo = await self._load(scenario, content_id, kind)
+                split_model, split_undo = (None, _nothing) if split is None else await self._load_split_arm(
+                    scenario, split, undo)
                 try:
-                    release = await asyncio.to_thread(commit, chain)
+                    release = await asyncio.to_thread(commit, chain, expected_parent)
                 except BaseException:
+                    await split_undo()
                     await undo()
                     raise
-                self.canary.superseded(scenario, release)
-                self.routes.set(scenario, Route(model, release.release_id, content_id, kind,
-                                                harness_id=release.harness_id))
+                self.canary.on_release(scenario, release, reason)
+                self.routes.set(scenario, self._route(release, model, split_model))
             finally:
                 self.hold.open()
             ms = (time.perf_counter() - started) * 1000
@@ -272,8 +326,17 @@ class Publisher:
             self.errors.pop(scenario, None)
             if self.slots is not None:
                 await self.slots.trim()
-        log.info("%s: %s serves %s (%s) after %.0f ms", scenario, release.release_id, content_id[:12], kind, ms)
+        log.info("%s: %s serves %s (%s)%s after %.0f ms", scenario, release.release_id, content_id[:12], kind,
+                 f", {release.split().share:.0%} on {split[:12]}" if split and release.split() else "", ms)
         return release, {"ms": round(ms, 1), "canary_ok": True, "adapter": model if kind == "lora" else None}
+
+    async def _load_split_arm(self, scenario: str, content_id: str, undo: Undo) -> tuple[str, Undo]:
+        """A canary arm's adapter, loaded and proved; on failure the head's load is undone too."""
+        try:
+            return await self._load(scenario, content_id, "lora")
+        except BaseException:
+            await undo()
+            raise
 
     async def _load(self, scenario: str, content_id: str, kind: str) -> tuple[str, Undo]:
         """The swapper's load; a failure is what `GET /reef/status` shows for the scenario."""

@@ -1,4 +1,5 @@
-"""The one definition of what the release package stores: artifact manifests and releases.
+"""The one definition of what the release package stores: artifact manifests and releases (with
+their routing: how a release splits traffic between its content and a canary candidate).
 
 A manifest is `<artifacts>/<content_id>/manifest.json`; a release is one line of
 `<releases>/<scenario>/chain.jsonl`. Both are plain JSON (`model_dump_json()`), readable without Reef.
@@ -10,10 +11,11 @@ import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ArtifactKind = Literal["lora", "full", "harness"]
-Operation = Literal["create", "train", "promote", "rollback"]
+# "route": the same content as the parent, with traffic split differently (a canary starts or ends).
+Operation = Literal["create", "train", "promote", "rollback", "route"]
 
 CONTENT_ID_PATTERN = r"^[0-9a-f]{64}$"
 CONTENT_ID_RE = re.compile(CONTENT_ID_PATTERN)
@@ -47,6 +49,11 @@ def adapter_name(content_id: str) -> str:
 def release_name(scenario: str, seq: int) -> str:
     """`<scenario>@r<seq>`: the release id, what records carry and HEAD holds."""
     return f"{scenario}@r{seq}"
+
+
+def canary_label(scenario: str, content_id: str) -> str:
+    """What records answered by a canary arm carry as their release: `<scenario>@canary-<id12>`."""
+    return f"{scenario}@canary-{content_id[:12]}"
 
 
 class ReleaseLineage(BaseModel):
@@ -100,6 +107,49 @@ class ArtifactManifest(BaseModel):
         return sum(f.size for f in self.files)
 
 
+class RoutingArm(BaseModel):
+    """One arm of a routing release: which weights answer what share of the scenario's requests.
+    The head arm is the release's own content (its records carry the release id); a candidate arm
+    is a LoRA candidate (its records carry `label`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    arm: Literal["head", "candidate"]
+    content_id: str = Field(pattern=CONTENT_ID_PATTERN)
+    kind: ArtifactKind
+    share: float = Field(gt=0, le=1)
+    label: str | None = None  # the release id its records carry; None: the release's own id (the head arm)
+
+
+class Routing(BaseModel):
+    """How a release splits its scenario's traffic. A release without one sends everything to its
+    content; with one, the head arm (the release's `content_id`) and a candidate arm share it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    arms: list[RoutingArm] = Field(min_length=2, max_length=2)
+
+    @model_validator(mode="after")
+    def _one_head_and_shares_sum_to_one(self) -> Routing:
+        if sorted(a.arm for a in self.arms) != ["candidate", "head"]:
+            raise ValueError("a routing names one head arm and one candidate arm")
+        if abs(sum(a.share for a in self.arms) - 1.0) > 1e-9:
+            raise ValueError(f"arm shares must sum to 1, not {sum(a.share for a in self.arms)}")
+        return self
+
+    def arm(self, name: str) -> RoutingArm:
+        return next(a for a in self.arms if a.arm == name)
+
+    @classmethod
+    def canary(cls, scenario: str, head_content: str, head_kind: ArtifactKind, candidate: str,
+               fraction: float) -> Routing:
+        return cls(arms=[
+            RoutingArm(arm="head", content_id=head_content, kind=head_kind, share=round(1.0 - fraction, 12)),
+            RoutingArm(arm="candidate", content_id=candidate, kind="lora", share=fraction,
+                       label=canary_label(scenario, candidate)),
+        ])
+
+
 class Release(BaseModel):
     """One link of a scenario's release chain. Never edited once written: a rollback is a new
     release (operation "rollback", `restores` naming the release whose content it serves again)."""
@@ -122,7 +172,25 @@ class Release(BaseModel):
     # this, a composite release both in one step. None: no harness (chains from before it).
     harness_id: str | None = Field(default=None, pattern=CONTENT_ID_PATTERN)
     harness_lineage: ReleaseLineage | None = None
+    # A traffic split (a canary), restored by a restart or a rollback like the content is. None: the
+    # content answers every request.
+    routing: Routing | None = None
+
+    @model_validator(mode="after")
+    def _head_arm_is_the_content(self) -> Release:
+        if self.routing is not None and self.routing.arm("head").content_id != self.content_id:
+            raise ValueError("a routing's head arm must serve the release's content_id")
+        return self
+
+    def split(self) -> RoutingArm | None:
+        """The candidate arm, when this release splits traffic."""
+        return self.routing.arm("candidate") if self.routing is not None else None
 
     def serves(self) -> tuple[str, str | None]:
-        """What a request on this release is answered with: (weights content id, harness content id)."""
+        """What the head arm answers with (every request, without a split): (weights content id,
+        harness content id). What the gate compares a candidate with."""
         return self.content_id, self.harness_id
+
+    def traffic(self) -> tuple[str, str | None, Routing | None]:
+        """Everything that decides who answers a request: the content and the split."""
+        return self.content_id, self.harness_id, self.routing
