@@ -140,14 +140,18 @@ def take_snapshot(plan: RoundPlan, recipe: Recipe | None = None) -> Snapshot:
                            ledger_root=plan.ledger_root, allow_empty=True)
 
 
-def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool = True) -> Candidate:
+def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool = True,
+          engine: GateEngine | None = None) -> Candidate:
+    """Run the recipe on the snapshot; `engine` (the serving vLLM) is there for recipes that ask a model."""
     from reef.recipe.snapshot import Snapshot
 
     plan = from_head(plan)
     if snapshot is None and plan.snapshot_dir is None:
         raise ValueError("train needs the snapshot, or a plan with a fixed snapshot_dir")
     snap = snapshot or Snapshot.open(plan.snapshot_dir)
-    return plan.load_recipe().run(snap, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
+    recipe = plan.load_recipe()
+    recipe.engine = engine
+    return recipe.run(snap, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
 
 
 def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | None = None, *,
@@ -172,7 +176,7 @@ def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluat
     if records == 0 and recipe.needs_experience:
         return {"status": "nothing_new", "scenario": plan.scenario, "pending": waiting}
     snap = take_snapshot(plan, recipe)
-    candidate = train(plan, snap, progress=progress)
+    candidate = train(plan, snap, progress=progress, engine=engine)
     out: dict[str, Any] = {"status": "trained", "scenario": plan.scenario, "pending": waiting, "snapshot": snap.id,
                            "candidate": candidate.to_json(), "metrics": candidate.metrics}
     if evaluate:

@@ -28,7 +28,7 @@ from abc import ABC
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import datasets
 import torch
@@ -42,6 +42,9 @@ from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.recipe.spec import CANDIDATE_FILE, Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
 from reef.recipe.training_log import TrainingLog, keep_events, per_step, tensorboard_available
 from reef.scenario import Scenario, get_scenario
+
+if TYPE_CHECKING:
+    from reef.release.gate_engine import GateEngine
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,9 @@ class Recipe(ABC):
     stale_policies: ClassVar[tuple[str, ...]] = ("drop", "downweight")
     # False: the recipe generates its own samples and takes no recorded traffic.
     needs_experience: ClassVar[bool] = True
+    # The serving engine (vLLM's OpenAI server and base-model name), for recipes that ask a model
+    # (harness_evolve's llm proposer); the round sets it when it has one.
+    engine: GateEngine | None = None
 
     def __init__(self, config: RecipeConfig | None = None, *, declared: Scenario | None = None, **params: Any) -> None:
         if config is not None and params:

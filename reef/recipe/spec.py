@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 StalePolicy = Literal["drop", "downweight"]
-CandidateKind = Literal["full", "lora"]
+CandidateKind = Literal["full", "lora", "harness"]
 CANDIDATE_FILE = "candidate.json"
 
 
@@ -115,6 +115,8 @@ class Lineage:
     base_model: str
     base_model_sha256: str | None
     versions: dict[str, str]
+    # A harness candidate's: the content id of the harness its mutations were applied to (None: none).
+    parent_harness: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Candidate:
     created_at: str
     # Per-step training metrics (loss, reward, kl, grad_norm, learning_rate, ...), one dict per step.
     training_log: list[dict[str, Any]] = field(default_factory=list)
+    # A harness candidate's changes to its parent harness (reef.recipe.harness.Mutation, as dicts).
+    mutations: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -138,6 +138,8 @@ class CandidateView(BaseModel):
     lineage: ReleaseLineage | None = None
     train_metrics: dict[str, Any] = Field(default_factory=dict)
     training_log: list[dict[str, Any]] = Field(default_factory=list, description="per-step training metrics")
+    mutations: list[dict[str, Any]] = Field(default_factory=list,
+                                            description="a harness candidate's changes to its parent harness")
     gate: GateResult | None = None
     rejected_by: str | None = None
     reject_reason: str | None = None
@@ -228,6 +230,7 @@ class CandidateRegistry:
                 "created_at": utcnow().isoformat(),
                 "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
                 "train_metrics": meta.get("metrics") or {}, "training_log": meta.get("training_log") or [],
+                **({"mutations": meta["mutations"]} if meta.get("mutations") else {}),
             }))
         return self.get(manifest.content_id)
 

@@ -1,0 +1,184 @@
+"""Harness evolution, in the spirit of GEPA and SkillClaw: read the scenario's low-reward replies and
+their feedback, and propose mutations of the head's harness (create, update or remove a system
+prompt, a rule, a skill `skills/<name>/SKILL.md`, a few-shot example). The candidate is a harness
+tree, not weights (the folder contract is in reef.recipe.harness); the gate then compares it with
+the head on the eval suite, same weights, each prompt sent with its arm's harness.
+
+Two proposers (`proposer:`):
+- `mined` (deterministic, no model): splits the failures' feedback into sentences and turns the
+  ones that recur in at least `min_support` of the failed records (and `min_count` of them) into
+  rules, appended to `rules.md` (created when absent), at most `max_rules` per round, skipping what
+  the harness says already. "Reply with only the label." said on most failures becomes a rule.
+- `llm`: shows a model the harness files and up to `max_examples` failures (prompt, reply, score,
+  feedback) and asks for mutations as JSON (`{"mutations": [{"op", "path", "content", "reason"}]}`).
+  The model is `teacher_url`/`teacher_model` (any OpenAI-compatible server), else the serving engine
+  the round was given (the learner passes its vLLM). Mutations that do not fit the tree are left out.
+
+    reef recipe run harness_evolve --set scenario=demo-rules
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from reef.recipe.harness import (
+    Failure,
+    HarnessConfig,
+    HarnessRecipe,
+    Mutation,
+    NothingToProposeError,
+    ProposalContext,
+    apply_mutations,
+)
+from reef.release.harness import RULES_FILE, Harness
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclass
+class HarnessEvolveConfig(HarnessConfig):
+    proposer: str = "mined"  # mined | llm
+    # mined
+    min_support: float = 0.3  # share of failed records whose feedback says a sentence
+    min_count: int = 3
+    max_rules: int = 2
+    # llm
+    teacher_url: str | None = None  # an OpenAI-compatible base URL; None: the serving engine
+    teacher_model: str | None = None
+    teacher_api_key: str | None = None
+    max_examples: int = 8
+    max_tokens: int = 768
+    temperature: float = 0.0
+    timeout_s: float = 120.0
+
+
+def _normal(sentence: str) -> str:
+    return " ".join(sentence.split())
+
+
+def mine_rules(failures: list[Failure], known: str, min_support: float, min_count: int, limit: int) -> list[str]:
+    """Feedback sentences said on at least `min_support` of the failed records (and `min_count`),
+    most frequent first, leaving out what `known` (the harness's text) says already."""
+    said: Counter[str] = Counter()
+    spelled: dict[str, str] = {}
+    for record_id in {f.record_id for f in failures}:
+        sentences = {_normal(s) for f in failures if f.record_id == record_id
+                     for s in _SENTENCE.split(f.feedback or "") if _normal(s)}
+        for s in sentences:
+            said[s.lower()] += 1
+            spelled.setdefault(s.lower(), s)
+    records = len({f.record_id for f in failures})
+    known_lower = known.lower()
+    out = [spelled[s] for s, n in sorted(said.items(), key=lambda kv: (-kv[1], kv[0]))
+           if n >= min_count and n >= min_support * records and s not in known_lower]
+    return out[:limit]
+
+
+def rules_mutation(files: dict[str, str], rules: list[str], reason: str) -> Mutation:
+    """`rules` appended to rules.md as list items (the file created when the harness has none)."""
+    lines = "".join(f"- {r}\n" for r in rules)
+    if RULES_FILE in files:
+        return Mutation(op="update", path=RULES_FILE, content=files[RULES_FILE].rstrip("\n") + "\n" + lines,
+                        reason=reason)
+    return Mutation(op="create", path=RULES_FILE, content=lines, reason=reason)
+
+
+_LLM_SYSTEM = """You improve an AI agent's harness: the text files it is served with.
+system.md is the system prompt, rules.md holds rules appended to it, skills/<name>/SKILL.md are skills,
+examples/ holds few-shot examples. Read the failed replies and their feedback, then change the harness so
+the agent does better. Reply with JSON only, no prose:
+{"mutations": [{"op": "create" | "update" | "remove", "path": "rules.md", "content": "the whole new text",
+  "reason": "why"}]}"""
+
+
+def llm_prompt(context: ProposalContext, max_examples: int) -> list[dict[str, str]]:
+    files = "\n".join(f"=== {path} ===\n{text.rstrip()}" for path, text in sorted(context.files.items()))
+    examples = []
+    for n, f in enumerate(context.failures[:max_examples], 1):
+        user = next((m["content"] for m in reversed(f.messages) if m["role"] == "user"), "")
+        examples.append(f"[{n}] user: {user}\n    reply: {f.reply}\n    score: {f.score:g}\n"
+                        f"    feedback: {f.feedback or '(none)'}")
+    user = (f"Scenario: {context.scenario} ({len(context.failures)} failed replies in {context.records} records; "
+            f"the harness is applied as {context.inject}).\n\nCurrent harness:\n{files or '(no files yet)'}\n\n"
+            "Failed replies:\n" + "\n".join(examples))
+    return [{"role": "system", "content": _LLM_SYSTEM}, {"role": "user", "content": user}]
+
+
+def parse_mutations(text: str, files: dict[str, str]) -> tuple[list[Mutation], list[str]]:
+    """The mutations in a model's reply that validate and fit `files` (in order), and why others did not."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return [], ["the reply holds no JSON object"]
+    try:
+        data = json.loads(text[start : end + 1])
+    except json.JSONDecodeError as exc:
+        return [], [f"the reply's JSON does not parse: {exc.msg}"]
+    items = data.get("mutations") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return [], ["the reply's JSON has no `mutations` list"]
+    kept: list[Mutation] = []
+    problems: list[str] = []
+    tree = dict(files)
+    for item in items:
+        try:
+            mutation = Mutation.model_validate(item)
+            if mutation.op == "create" and mutation.path in tree:
+                mutation = mutation.model_copy(update={"op": "update"})  # a model's "create" of what exists
+            tree = apply_mutations(tree, [mutation])
+        except (ValidationError, ValueError) as exc:
+            problems.append(str(exc).splitlines()[0])
+            continue
+        kept.append(mutation)
+    return kept, problems
+
+
+class HarnessEvolve(HarnessRecipe):
+    name = "harness_evolve"
+    config_class = HarnessEvolveConfig
+
+    def proposer_name(self) -> str:
+        return self.config.proposer  # type: ignore[attr-defined,no-any-return]
+
+    def propose(self, context: ProposalContext) -> list[Mutation]:
+        c = self.config
+        assert isinstance(c, HarnessEvolveConfig)
+        if c.proposer == "mined":
+            known = Harness("", context.files).system_prompt()
+            rules = mine_rules(context.failures, known, c.min_support, c.min_count, c.max_rules)
+            if not rules:
+                return []
+            return [rules_mutation(context.files, rules, f"recurring feedback on {len(context.failures)} "
+                                                         "low-reward replies")]
+        if c.proposer == "llm":
+            return self._ask_model(context)
+        raise ValueError(f"harness_evolve: proposer must be 'mined' or 'llm', not {c.proposer!r}")
+
+    def _ask_model(self, context: ProposalContext) -> list[Mutation]:
+        c = self.config
+        assert isinstance(c, HarnessEvolveConfig)
+        url, model = c.teacher_url, c.teacher_model
+        if url is None and self.engine is not None:
+            url, model = self.engine.base_url, model or self.engine.model
+        if url is None or model is None:
+            raise ValueError("harness_evolve proposer 'llm' needs teacher_url and teacher_model, or a serving "
+                             "engine (the learner's)")
+        body: dict[str, Any] = {"model": model, "messages": llm_prompt(context, c.max_examples),
+                                "max_tokens": c.max_tokens, "temperature": c.temperature}
+        headers = {"Authorization": f"Bearer {c.teacher_api_key}"} if c.teacher_api_key else {}
+        base = url.rstrip("/").removesuffix("/v1")
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=c.timeout_s)
+        if response.status_code != 200:
+            raise RuntimeError(f"teacher {model} at {base}: HTTP {response.status_code} {response.text[:200]}")
+        text = response.json()["choices"][0]["message"].get("content") or ""
+        mutations, problems = parse_mutations(text, context.files)
+        if not mutations:
+            raise NothingToProposeError(f"teacher {model} proposed no usable mutation ({'; '.join(problems)}): "
+                                        f"{text[:200]!r}")
+        return mutations
