@@ -16,15 +16,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe.spec import CANDIDATE_FILE
-from reef.scenario import EvalSuite, Score, eval_suite, get_scenario
+from reef.scenario import EvalSuite, Scenario, Score, eval_suite, get_scenario
+
+
+def declared_scenario(scenario: str) -> Scenario:
+    """A scenario as installed packages and ./serve.yaml declare it."""
+    from reef.config import resolve
+
+    config, _ = resolve()  # serve.yaml in the working folder, if any, declares scenarios too
+    return get_scenario(scenario, config)
 
 
 def suite_for(scenario: str, engine_url: str | None = None, engine_model: str | None = None) -> EvalSuite:
     """The declared eval suite of a scenario (see reef.scenario); ScenarioError when it has none."""
-    from reef.config import resolve
-
-    config, _ = resolve()  # serve.yaml in the working folder, if any, declares scenarios too
-    return eval_suite(get_scenario(scenario, config), engine_url, engine_model)
+    return eval_suite(declared_scenario(scenario), engine_url, engine_model)
 
 
 def mean_score(scores: Sequence[Score]) -> float | None:

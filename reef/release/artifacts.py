@@ -49,6 +49,7 @@ CANDIDATE_FILE = "candidate.json"
 # and different at every run (wall times), so never part of the content id.
 TRAINING_EVENTS_DIR = "tensorboard"
 ADAPTER_CONFIG = "adapter_config.json"
+HARNESS_METRICS_FILE = "eval.json"  # `reef recipe run` writes its gate metrics into the candidate folder
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _BLOCK = 1 << 20
 
@@ -162,7 +163,8 @@ class ArtifactStore:
         return self.import_tree(src, "full", base_model=str(src), base_model_sha256=sha, lineage=lineage, link=link)
 
     def import_harness(self, tree: Path | str, *, lineage: ReleaseLineage | None = None) -> ArtifactManifest:
-        """A text tree (prompts, tool definitions, configs) that changes behaviour without weights."""
+        """A text tree (prompts, tool definitions, configs) that changes behaviour without weights.
+        A candidate folder's `eval.json` (`reef recipe run`'s metrics) is not part of it."""
         return self.import_tree(Path(tree), "harness", lineage=lineage)
 
     def import_tree(
@@ -177,7 +179,8 @@ class ArtifactStore:
         link: bool = False,
     ) -> ArtifactManifest:
         """Copy (or, with `link`, hardlink where the filesystem allows) `src` into the store."""
-        paths = [p for p in tree_files(src) if p != CANDIDATE_FILE and not p.startswith(f"{TRAINING_EVENTS_DIR}/")]
+        paths = [p for p in tree_files(src) if p != CANDIDATE_FILE and not p.startswith(f"{TRAINING_EVENTS_DIR}/")
+                 and not (kind == "harness" and p == HARNESS_METRICS_FILE)]
         if not paths:
             raise ArtifactError(f"{src}: no files to import")
         _check_kind(src, kind, paths)

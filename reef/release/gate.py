@@ -13,6 +13,12 @@ counted (`unscored`); a task with no scored reply in either arm is left out of t
 Anything that goes wrong (no eval suite, a corrupt artifact, a candidate for another base, an
 engine error) rejects the candidate: the gate fails closed.
 
+A harness candidate (prompts, rules, skills; reef.recipe.harness) is gated the same way with the
+head's weights answering both arms: each eval prompt is sent with the candidate's harness in one
+arm and with the head's harness (or none) in the other, applied the way the scenario serves it
+(`harness.inject`; `off`, where clients apply the harness themselves, is gated as
+`system_prepend`), with the same per-task seeds, so the pairs differ only by the harness.
+
     python -m reef.release.gate CANDIDATE_ID [--data-dir data] [--engine-url URL --engine-model NAME]
 """
 
@@ -20,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,11 +49,14 @@ from reef.release.candidates import (
 )
 from reef.release.chain import ReleaseChain
 from reef.release.gate_engine import Arm, EngineSession, GateEngine, NoFreeSlotError, run_session, taking_turns
+from reef.release.harness import Harness, inject, load_harness
 from reef.release.schema import Release, adapter_name
-from reef.scenario import EvalSuite
+from reef.scenario import EvalSuite, Task
 
-__all__ = ["GateConfig", "GateEngine", "Weights", "evaluate_candidate", "gate_folders", "gate_weights"]
+__all__ = ["GateConfig", "GateEngine", "HarnessArms", "Weights", "evaluate_candidate", "gate_folders",
+           "gate_weights"]
 Outputs = dict[str, list[list[str]]]
+ARMS = ("candidate", "head")
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,20 @@ class Weights:
         return cls(path)
 
 
+@dataclass(frozen=True)
+class HarnessArms:
+    """The harness each arm's eval prompts are sent with (None: as the suite has them), and how."""
+
+    candidate: Harness | None
+    head: Harness | None
+    inject: str = "system_prepend"
+
+    def tasks(self, suite: EvalSuite) -> dict[str, list[Task]]:
+        mode = "system_prepend" if self.inject == "off" else self.inject
+        return {arm: [t if h is None else {**t, "messages": inject(list(t["messages"]), h, mode)} for t in suite.tasks]
+                for arm, h in (("candidate", self.candidate), ("head", self.head))}
+
+
 def bootstrap_ci(diffs: list[float], confidence: float, resamples: int, seed: int) -> tuple[float, float]:
     """Percentile interval of the mean of `diffs`, resampling its items with replacement."""
     values = np.asarray(diffs, dtype=np.float64)
@@ -92,8 +117,8 @@ def bootstrap_ci(diffs: list[float], confidence: float, resamples: int, seed: in
 # --- sampling ----------------------------------------------------------------------------------
 
 
-def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, samples: int, config: GateConfig,
-                          progress: bool) -> tuple[Outputs, str]:
+def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, arm_tasks: dict[str, list[Task]],
+                          samples: int, config: GateConfig, progress: bool) -> tuple[Outputs, str]:
     import torch
     from tqdm.auto import tqdm
 
@@ -104,12 +129,16 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, s
     torch.set_num_threads(1)  # a small model's ops are too small for a second thread to help
     outputs: Outputs = {}
     probe = ""
+    loaded: dict[Weights, Any] = {}
     try:
         for arm, weights in tqdm([("candidate", candidate), ("head", head)], desc="gate", disable=not progress):
-            model, tokenizer = load_model(weights.model, weights.adapter)
-            outputs[arm] = replies(model, tokenizer, suite.prompts, samples=samples, temperature=suite.temperature,
+            if weights not in loaded:  # a harness candidate runs on the head's weights: load them once
+                loaded = {weights: load_model(weights.model, weights.adapter)}
+            model, tokenizer = loaded[weights]
+            prompts = [t["messages"] for t in arm_tasks[arm]]
+            outputs[arm] = replies(model, tokenizer, prompts, samples=samples, temperature=suite.temperature,
                                    seed=suite.seed, max_new_tokens=suite.max_new_tokens, tools=tools)
-            if arm == "candidate":
+            if arm == "candidate" and config.probe_tokens:
                 probe = replies(model, tokenizer, suite.prompts[:1], samples=1, temperature=0.0, seed=0,
                                 max_new_tokens=config.probe_tokens)[0][0]
     finally:
@@ -117,8 +146,9 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, s
     return outputs, probe
 
 
-def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite: EvalSuite, samples: int,
-                    config: GateConfig, progress: bool) -> tuple[Outputs, str]:
+def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite: EvalSuite,
+                    arm_tasks: dict[str, list[Task]], samples: int, config: GateConfig,
+                    progress: bool) -> tuple[Outputs, str]:
     from tqdm.auto import tqdm
 
     async def body(session: EngineSession) -> tuple[Outputs, str]:
@@ -127,7 +157,7 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
         bar = tqdm(total=2 * len(suite.tasks), desc="gate (engine)", disable=not progress)
 
         async def one(arm: str, i: int) -> list[str]:
-            got = await session.sample(names[arm], dict(suite.tasks[i]), samples=samples,
+            got = await session.sample(names[arm], dict(arm_tasks[arm][i]), samples=samples,
                                        max_tokens=suite.max_new_tokens, temperature=suite.temperature,
                                        seed=suite.seed + i)
             bar.update(1)
@@ -149,7 +179,8 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
         for (arm, _), replies in zip(jobs, got, strict=True):
             outputs[arm].append(replies)
         # What the swap's canary request (temperature 0, seed 0, messages only) must reproduce.
-        probe = await session.weights.greedy(names["candidate"], list(suite.prompts[0]), config.probe_tokens)
+        probe = (await session.weights.greedy(names["candidate"], list(suite.prompts[0]), config.probe_tokens)
+                 if config.probe_tokens else "")
         return outputs, probe
 
     return run_session(engine, config.concurrency, body)
@@ -160,34 +191,43 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
 
 def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: GateConfig | None = None, *,
                  engine: GateEngine | None = None, head_label: str = "head", head_release_id: str | None = None,
-                 data_dir: Path | str | None = None, progress: bool = True) -> GateResult:
+                 data_dir: Path | str | None = None, progress: bool = True,
+                 harnesses: HarnessArms | None = None) -> GateResult:
     """Compare two models on `suite`; raises on any error (evaluate_candidate turns that into a reject).
 
-    Through `engine` when the candidate is a LoRA and the head runs on the engine's base weights
-    (`head.served` or an adapter); `data_dir` is where gates sharing the engine take turns."""
+    Through `engine` when the candidate is a LoRA (or a harness, with `harnesses`: both arms on the
+    head's weights) and the head runs on the engine's base weights (`head.served` or an adapter);
+    `data_dir` is where gates sharing the engine take turns. `harnesses`: the harness each arm's
+    prompts are sent with (no probe then: a harness release loads no weights to prove)."""
     config = config or GateConfig()
+    if harnesses is not None:
+        config = dataclasses.replace(config, probe_tokens=0)
     started = time.monotonic()
     samples = config.samples or suite.samples
+    arm_tasks = (harnesses.tasks(suite) if harnesses is not None
+                 else {arm: list(suite.tasks) for arm in ARMS})
     note = ""
     backend = "transformers"
     outputs: Outputs | None = None
-    if engine is not None and candidate.adapter is not None and (head.served or head.adapter):
+    on_engine = candidate.adapter is not None or (harnesses is not None and candidate == head)
+    if engine is not None and on_engine and (head.served or head.adapter):
         try:
             with taking_turns(Path(data_dir) if data_dir is not None else None):
-                outputs, probe_text = _engine_outputs(engine, candidate, head, suite, samples, config, progress)
+                outputs, probe_text = _engine_outputs(engine, candidate, head, suite, arm_tasks, samples, config,
+                                                      progress)
             backend = "engine"
         except NoFreeSlotError as exc:
             note = f" (engine: {exc}, so transformers sampled)"
     if outputs is None:
-        outputs, probe_text = _transformers_outputs(candidate, head, suite, samples, config, progress)
+        outputs, probe_text = _transformers_outputs(candidate, head, suite, arm_tasks, samples, config, progress)
     scored = {arm: suite.score(outputs[arm]) for arm in outputs}
     from reef.recipe.evaluate import mean_score
 
     outcomes = [PromptOutcome(
-        messages=list(messages), candidate_replies=outputs["candidate"][i], head_replies=outputs["head"][i],
+        messages=list(suite.prompts[i]), candidate_replies=outputs["candidate"][i], head_replies=outputs["head"][i],
         candidate_score=mean_score(scored["candidate"][i]), head_score=mean_score(scored["head"][i]),
         unscored=sum(s.value is None for arm in scored for s in scored[arm][i]),
-    ) for i, messages in enumerate(suite.prompts)]
+    ) for i in range(len(suite.tasks))]
     unscored = sum(o.unscored for o in outcomes)
     paired = [o for o in outcomes if o.candidate_score is not None and o.head_score is not None]
     if not paired:
@@ -209,7 +249,8 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
         delta=round(delta, 4), ci_low=round(low, 4), ci_high=round(high, 4), confidence=config.confidence,
         prompts=n, samples_per_prompt=samples, wins=sum(d > 0 for d in diffs),
         losses=sum(d < 0 for d in diffs), ties=sum(d == 0 for d in diffs), unscored=unscored, backend=backend,
-        probe=Probe(messages=list(suite.prompts[0]), max_tokens=config.probe_tokens, text=probe_text),
+        probe=(Probe(messages=list(suite.prompts[0]), max_tokens=config.probe_tokens, text=probe_text)
+               if config.probe_tokens else None),
         seconds=round(time.monotonic() - started, 2), per_prompt=outcomes,
     )
 
@@ -217,11 +258,29 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
 def gate_folders(candidate: Path | str, baseline: Path | str, scenario: str, config: GateConfig | None = None, *,
                  progress: bool = True) -> GateResult:
     """The gate on two folders, outside any release chain (the DVC evaluate stage, `reef recipe run`):
-    a recipe's candidate folder vs. a model folder (transformers; raises on errors)."""
-    from reef.recipe.evaluate import suite_for
+    a recipe's candidate folder vs. a model folder (transformers; raises on errors). A harness
+    candidate folder is gated on `baseline`'s weights against no harness."""
+    from reef.recipe.evaluate import declared_scenario, suite_for
 
+    folder = Path(candidate)
+    if _folder_kind(folder) == "harness":
+        from reef.release.artifacts import tree_files
+
+        files = {p: (folder / p).read_text(encoding="utf-8") for p in tree_files(folder) if p not in _NOT_HARNESS}
+        arms = HarnessArms(Harness("", files), None, declared_scenario(scenario).harness.inject)
+        weights = Weights.of_folder(baseline)
+        return gate_weights(weights, weights, suite_for(scenario), config, head_label=str(baseline),
+                            progress=progress, harnesses=arms)
     return gate_weights(Weights.of_folder(candidate), Weights.of_folder(baseline), suite_for(scenario), config,
                         head_label=str(baseline), progress=progress)
+
+
+_NOT_HARNESS = ("candidate.json", "eval.json")  # a candidate folder's metadata and `reef recipe run`'s metrics
+
+
+def _folder_kind(folder: Path) -> str | None:
+    meta = folder / "candidate.json"
+    return json.loads(meta.read_text()).get("kind") if meta.is_file() else None
 
 
 # --- a registered candidate against its scenario's head -------------------------------------------
@@ -282,15 +341,24 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateConf
             head = chain.head()
             assert head is not None
         r0 = ReleaseChain.for_data_dir(data_dir, view.scenario).releases()[0]
-        _check_same_base(store, view.candidate_id, r0)
         if engine is not None and not _engine_holds_base(data_dir, r0.content_id):
             engine = None
-        from reef.recipe.evaluate import suite_for
+        from reef.recipe.evaluate import declared_scenario, suite_for
 
         suite = suite_for(view.scenario, engine.base_url if engine else None, engine.model if engine else None)
-        result = gate_weights(Weights(*model_folders(store, view.candidate_id)), _head_weights(store, head, r0, engine),
-                              suite, config, engine=engine, head_label=head.release_id,
-                              head_release_id=head.release_id, data_dir=data_dir, progress=progress)
+        head_weights = _head_weights(store, head, r0, engine)
+        if view.kind == "harness":  # same weights in both arms; the prompts carry each arm's harness
+            arms = HarnessArms(load_harness(store, view.candidate_id),
+                               load_harness(store, head.harness_id) if head.harness_id else None,
+                               declared_scenario(view.scenario).harness.inject)
+            result = gate_weights(head_weights, head_weights, suite, config, engine=engine,
+                                  head_label=head.release_id, head_release_id=head.release_id, data_dir=data_dir,
+                                  progress=progress, harnesses=arms)
+        else:
+            _check_same_base(store, view.candidate_id, r0)
+            result = gate_weights(Weights(*model_folders(store, view.candidate_id)), head_weights, suite, config,
+                                  engine=engine, head_label=head.release_id, head_release_id=head.release_id,
+                                  data_dir=data_dir, progress=progress)
     except Exception as exc:  # noqa: BLE001 - the gate fails closed: any error rejects
         result = GateResult(decision="reject", reason=f"gate error: {exc}",
                             head_release_id=head.release_id if head else None)
