@@ -18,7 +18,7 @@ from reef.demo import corpus as demo_corpus
 from reef.demo import task as demo
 from reef.model import tiny
 from reef.model.corpus import build_corpus, contributions
-from reef.scenario import EvalSuite, Scenario, eval_suite, get_scenario, reward_for, training_tasks
+from reef.scenario import EvalSuite, Scenario, eval_suite, get_scenario, packaged_scenarios, reward_for, training_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_STEPS = 30  # enough to exercise every stage; the weights are meaningless
@@ -69,7 +69,8 @@ def test_saved_files_and_metadata(quick_model: Path) -> None:
     assert meta["seed"] == 1 and meta["steps"] == QUICK_STEPS
     assert meta["weights_sha256"] == tiny.weights_sha256(quick_model)
     assert meta["corpus_sha256"] == build_corpus(1).sha256()
-    assert set(meta["eval"]) == {"demo-add"}  # every packaged scenario with an eval suite
+    packaged = {n for n, s in packaged_scenarios().items() if s.eval is not None and s.reward is not None}
+    assert set(meta["eval"]) == packaged and "demo-add" in packaged  # every packaged scenario with an eval suite
     assert set(meta["eval"]["demo-add"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
 
 
