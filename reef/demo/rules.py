@@ -137,8 +137,9 @@ def scenario() -> Scenario:
         reward="reef.demo.rules:reward",
         eval=EvalSpec(path=Path("data/rules-eval.jsonl"), max_new_tokens=8, samples=4, temperature=1.0),
         tasks=Path("data/rules-tasks.jsonl"),
+        # No recipe declared here: a packaged recipe would give every learner-enabled server a round
+        # for this scenario; serve.yaml opts in (`scenarios: {demo-rules: {recipe: harness_evolve}}`).
         harness=HarnessSpec(inject="system_prepend"),
-        recipe="harness_evolve",
         base_dir=HERE,
     )
 
