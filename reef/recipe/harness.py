@@ -39,7 +39,6 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.durable import replace_dir
-from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.base import Recipe, _versions
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
@@ -164,10 +163,6 @@ class HarnessRecipe(Recipe):
     def proposer_name(self) -> str:
         return type(self).__name__
 
-    def candidate_id(self, snapshot: Snapshot, base_sha: str | None) -> str:
-        key = sha256_json([snapshot.hash, self.ref, self.config.to_dict(), base_sha])
-        return f"{snapshot.scenario}-{key[:12]}"
-
     def run(self, snapshot: Snapshot | Path | str, out_root: Path | str = Path("data/candidates"), *,
             out_dir: Path | str | None = None, progress: bool = True, consume: bool = True) -> Candidate:
         """Propose mutations of the head's harness from `snapshot` and write the candidate folder."""
@@ -192,7 +187,7 @@ class HarnessRecipe(Recipe):
                                         f"({len(context.failures)} failures in {frame.height} records)")
         if not tree:
             raise NothingToProposeError(f"{self.name}: the mutations remove every file of the harness")
-        cand_id = self.candidate_id(snap, parent_id)
+        cand_id = self.candidate_id(snap, parent_id)  # the parent harness in place of a base model's digest
         target = Path(out_dir) if out_dir is not None else Path(out_root) / cand_id
         staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
         try:
