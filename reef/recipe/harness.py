@@ -119,6 +119,7 @@ class HarnessConfig(RecipeConfig):
     # Every reported record is read (a harness learns from what went wrong as much as from what went right).
     min_score: float | None = None
     failure_below: float = 0.5  # a record whose score is below this is a failure
+    drop_duplicates: bool = False  # a repeated failure is evidence (how often feedback recurs), not noise
     max_steps: int = 0  # unused: nothing is trained
 
 
