@@ -38,7 +38,7 @@ from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
 OUT = REPO / "bench" / "out"
-console = Console()
+console = Console(width=160)
 
 
 def cpu() -> float:
