@@ -145,3 +145,28 @@ def test_canary_log_checks_and_persists_transitions(tmp_path: Path) -> None:
     assert [(c.canary_id, c.state) for c in found] == [(canary.canary_id, "aborted"), (second.canary_id, "running")]
     assert found[0].reason == "stopped by a person" and found[1].min_reports == 30
     assert CanaryLog(tmp_path, SCENARIO).last().canary_id == second.canary_id  # type: ignore[union-attr]
+
+
+# --- learner round ------------------------------------------------------------------------------
+
+
+def test_round_log_checks_and_persists_transitions(tmp_path: Path) -> None:
+    from reef.learn.round_log import TRANSITIONS as ROUNDS
+    from reef.learn.round_log import RoundLog
+
+    # Once its records are consumed (trained) a round is finished, never abandoned.
+    assert ROUNDS.allowed("snapshotted", "abandoned") and not ROUNDS.allowed("trained", "abandoned")
+    assert all(ROUNDS.final(s) for s in ("released", "rejected", "done", "failed", "abandoned"))
+    log = RoundLog(tmp_path, SCENARIO, fsync=False)
+    rnd = log.begin("rft")
+    log.append(rnd, "snapshotted", snapshot_hash="h" * 64, records=3)
+    assert log.open_round() == rnd
+    with pytest.raises(IllegalTransitionError, match="learner round .* cannot go from snapshotted to gated"):
+        log.append(rnd, "gated")
+    log.append(rnd, "trained", candidate="c1", candidate_path="/x")
+    log.append(rnd, "done", reason="not gated")
+    # A line the table forbids (hand-edited, or from older code) is skipped by the fold.
+    (tmp_path / "round-events.jsonl").open("a").write(f'{{"round_id": "{rnd.round_id}", "state": "planned"}}\n')
+    again = RoundLog(tmp_path, SCENARIO).current()
+    assert again is not None and (again.state, again.records, again.candidate) == ("done", 3, "c1")
+    assert log.open_round() is None

@@ -88,6 +88,9 @@ with right:
         st.markdown(f"**{state}** · recipe `{mine.get('recipe')}` · {mine.get('rounds', 0)} rounds since start  \n"
                     f"next round: **{pending.get('records', '?')}** eligible records waiting "
                     f"(starts at {mine.get('min_records', '?')})")
+        if rnd := mine.get("round"):
+            why = f" ({rnd['reason']})" if rnd.get("reason") else ""
+            st.caption(f"round {rnd['round_id']}: **{rnd['state']}**{why}")
         details = {k: v for k, v in pending.items() if k != "records"}
         if details:
             st.caption(", ".join(f"{k}: {v}" for k, v in details.items()))

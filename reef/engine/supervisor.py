@@ -63,7 +63,9 @@ def checkpoint_dtype(model: str) -> str:
     return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """A child's `preexec_fn`: the kernel sends it SIGTERM when the thread that started it ends
+    (the parent died, however it died)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # not Linux: `stop()` still cleans up on every orderly exit
@@ -160,7 +162,7 @@ class EngineSupervisor:
         log.info("starting vLLM: %s", " ".join(self.command()))
         self.process = subprocess.Popen(
             self.command(), env=self.environment(), stdout=log_file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
         )
         log_file.close()
         self.pgid = self.process.pid  # a new session: its group id is its pid, even once it is dead

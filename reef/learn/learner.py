@@ -15,6 +15,12 @@ waits for a round, and another scenario's releases (API, dashboard, canary) go o
 A candidate the gate selects is released at once when its scenario's policy is `auto` (through the
 same publisher as the API, expecting the head the gate compared against); under `approval` it
 waits in `GET /reef/candidates`. Each round is appended to `<data_dir>/learner/rounds.jsonl`.
+
+Each round is also a persisted state machine (reef.learn.round_log). A learner killed mid-round
+(`kill -9` of `reef serve`; the round's process dies with it) finds the round open on its next
+start and runs that scenario first: the round process resumes it from its last durable step or
+abandons it (nothing consumed), and a round the gate had selected is released here by the policy,
+or found already on the chain (a kill between the chain append and the register's event).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reef.config import CONFIG_FILE_ENV, ServeConfig
+from reef.engine.supervisor import die_with_parent
 from reef.learn.round import RoundPlan, min_records, plan_for_scenario
+from reef.learn.round_log import Round, RoundLog
 
 if TYPE_CHECKING:
     from reef.recipe.base import Recipe
@@ -58,10 +66,15 @@ class ScenarioLearner:
     last_error: str | None = None
     running: bool = False
 
+    @property
+    def log(self) -> RoundLog:
+        return RoundLog.for_data_dir(self.plan.data_dir, self.plan.scenario)
+
     def describe(self) -> dict[str, Any]:
+        current = self.log.current()
         return {"recipe": self.plan.recipe, "min_records": self.min_records, "running": self.running,
                 "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "round": current.public() if current else None}
 
 
 def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
@@ -156,7 +169,8 @@ class Learner:
                 log.exception("counting pending experience of %s failed", name)
                 state.last_error = repr(exc)
                 continue
-            if due is None and state.pending["records"] >= state.min_records:
+            # A round an earlier process left open (killed mid-round) goes first, whatever waits.
+            if due is None and (state.log.open_round() is not None or state.pending["records"] >= state.min_records):
                 due = name
         if due is None or self._stop.is_set():
             return None
@@ -173,6 +187,8 @@ class Learner:
         return due
 
     def _round(self, state: ScenarioLearner) -> None:
+        if self._settle(state):  # an interrupted round the gate had selected: nothing to train
+            return
         folder = self.dir / state.plan.scenario
         folder.mkdir(parents=True, exist_ok=True)
         plan_file, out, log_path = folder / "plan.json", folder / "round.json", folder / "rounds.log"
@@ -189,15 +205,20 @@ class Learner:
             env[CONFIG_FILE_ENV] = str(self.config.config_file)
         started = time.time()
         with log_path.open("ab") as log_file:
-            self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+            # The round dies with the learner (kill -9 included): a restarted learner resumes it alone.
+            self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                             preexec_fn=die_with_parent)
             code = self._process.wait()
         if code != 0 or not out.is_file():
             state.last_error = f"round exited with code {code}; see {log_path}"
             return
         result = json.loads(out.read_text())
-        state.last_error = None
+        state.last_error = result.get("reason") if result.get("status") == "busy" else None
         if result.get("status") == "trained" and result.get("candidate_id"):
             result["release"] = self._maybe_release(state, result["candidate_id"])
+            if rnd := state.log.open_round():
+                self._close_gated(state, rnd, result["release"])
+                result["round_state"] = rnd.state
         entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": round(time.time() - started, 1),
                  **result}
         with self.rounds_file.open("a") as f:
@@ -211,6 +232,33 @@ class Learner:
         last["gate"] = {k: gate.get(k) for k in ("decision", "reason", "candidate_success", "head_success")}
         state.last = self.last = last
         log.info("learning round of %s: %s", state.plan.scenario, last)
+
+    def _settle(self, state: ScenarioLearner) -> bool:
+        """Close a round an earlier learner left `gated`: find its candidate on the chain, or apply
+        the policy to it now. True when there was one."""
+        rnd = state.log.open_round()
+        if rnd is None or rnd.state != "gated" or rnd.candidate_id is None:
+            return False
+        released = self._on_chain(state.plan.scenario, rnd.candidate_id)
+        self._close_gated(state, rnd, released or self._maybe_release(state, rnd.candidate_id), resumed=True)
+        return True
+
+    def _close_gated(self, state: ScenarioLearner, rnd: Round, release_id: str | None, resumed: bool = False) -> None:
+        if rnd.state != "gated":
+            return
+        if release_id:
+            state.log.append(rnd, "released", resumed=resumed, release_id=release_id)
+        else:
+            policy = self.config.policy(state.plan.scenario)
+            state.log.append(rnd, "done", resumed=resumed,
+                             reason=state.last_error or f"selected; policy {policy} leaves the release to a person")
+
+    def _on_chain(self, scenario: str, candidate_id: str) -> str | None:
+        """The release that published this candidate, if one did (a kill after the chain append)."""
+        from reef.release.chain import ReleaseChain
+
+        return next((r.release_id for r in ReleaseChain.for_data_dir(self.data_dir, scenario).releases()
+                     if r.content_id == candidate_id and r.operation == "train"), None)
 
     def _maybe_release(self, state: ScenarioLearner, candidate_id: str) -> str | None:
         """Under policy `auto`, release what the gate selected; the release id, or None."""

@@ -19,13 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reef.crashpoints import crash_point
+
 if TYPE_CHECKING:
     from reef.config import ServeConfig
+    from reef.learn.round_log import Round, RoundLog
     from reef.recipe.base import Recipe
     from reef.recipe.snapshot import Snapshot
     from reef.recipe.spec import Candidate
@@ -59,6 +64,10 @@ class RoundPlan(BaseModel):
         from reef.recipe.registry import load_recipe
 
         return load_recipe(self.recipe, self.recipe_params(), extra=self.import_dirs)
+
+
+class RoundResumeError(RuntimeError):
+    """An interrupted round's files do not say how far it got (someone removed its candidate)."""
 
 
 def plan_for_scenario(config: ServeConfig, scenario: str) -> RoundPlan | None:
@@ -168,24 +177,141 @@ def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | 
 
 def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluate: bool = True,
               engine: GateEngine | None = None, progress: bool = True) -> dict[str, Any]:
-    """snapshot -> train -> register -> gate. {"status": "trained" | "nothing_new", "pending": counts,
-    "snapshot", "candidate" (candidate.json), "candidate_id", "metrics", "gate" (without per-prompt outputs)}."""
-    recipe = plan.load_recipe()
-    records, counts, _ = selection(plan, recipe)
-    waiting = {"records": records, **counts}
-    if records == 0 and recipe.needs_experience:
-        return {"status": "nothing_new", "scenario": plan.scenario, "pending": waiting}
-    snap = take_snapshot(plan, recipe)
-    candidate = train(plan, snap, progress=progress, engine=engine)
-    out: dict[str, Any] = {"status": "trained", "scenario": plan.scenario, "pending": waiting, "snapshot": snap.id,
-                           "candidate": candidate.to_json(), "metrics": candidate.metrics}
-    if evaluate:
-        candidate_id, result = gate(plan, candidate.path, gate_config, engine=engine, progress=progress)
-        out.update(candidate_id=candidate_id, gate=result.model_dump(mode="json", exclude={"per_prompt"}))
-    return out
+    """snapshot -> train -> register -> gate, each step a transition of the scenario's round log
+    (reef.learn.round_log). A round that an earlier process left open is closed first: resumed from
+    its last durable step (its result is returned) or abandoned (then a new round runs).
+    {"status": "trained" | "nothing_new", "round", "round_state", "pending": counts, "snapshot",
+    "candidate" (candidate.json), "candidate_id", "metrics", "gate" (without per-prompt outputs)}."""
+    from reef.learn.round_log import RoundLog
+
+    log = RoundLog.for_data_dir(plan.data_dir, plan.scenario)
+    with log.lock():
+        resumed = resume(plan, log, gate_config, evaluate=evaluate, engine=engine, progress=progress)
+        if resumed is not None:
+            return resumed
+        recipe = plan.load_recipe()
+        records, counts, _ = selection(plan, recipe)
+        waiting = {"records": records, **counts}
+        if records == 0 and recipe.needs_experience:
+            return {"status": "nothing_new", "scenario": plan.scenario, "pending": waiting}
+        rnd = log.begin(plan.recipe)
+        with _failing(log, rnd):
+            snap = take_snapshot(plan, recipe)
+            log.append(rnd, "snapshotted", snapshot_id=snap.id, snapshot_hash=snap.hash, records=len(snap.record_ids))
+            candidate = train(plan, snap, progress=progress, engine=engine)
+            log.append(rnd, "trained", candidate=candidate.id, candidate_path=str(candidate.path))
+            crash_point("round:trained")
+            out: dict[str, Any] = {"status": "trained", "scenario": plan.scenario, "round": rnd.round_id,
+                                   "pending": waiting, "snapshot": snap.id, "candidate": candidate.to_json(),
+                                   "metrics": candidate.metrics}
+            out.update(_register_and_gate(plan, log, rnd, gate_config, evaluate=evaluate, engine=engine,
+                                          progress=progress))
+        return {**out, "round_state": rnd.state}
+
+
+def resume(plan: RoundPlan, log: RoundLog, gate_config: GateConfig | None = None, *, evaluate: bool = True,
+           engine: GateEngine | None = None, progress: bool = True) -> dict[str, Any] | None:
+    """Close the round an earlier process left open (killed mid-round): the resumed round's result,
+    or None when there was none to resume (nothing open, or it was abandoned: nothing was consumed)."""
+    from reef.recipe.spec import Candidate
+
+    rnd = log.open_round()
+    if rnd is None:
+        return None
+    if rnd.state in ("planned", "snapshotted"):
+        try:
+            path = _trained_on(plan, rnd.snapshot_hash)
+        except RoundResumeError as exc:
+            log.append(rnd, "failed", resumed=True, reason=str(exc))
+            return None
+        if path is None:  # killed before training finished: the ledger holds none of its records
+            log.append(rnd, "abandoned", resumed=True, reason=f"interrupted while {rnd.state}; it consumed nothing, "
+                       "so its records wait for the next round")
+            _remove_staging(plan)
+            return None
+        # Killed after the ledger took the records but before `trained` was written: the candidate is whole.
+        log.append(rnd, "trained", resumed=True, candidate=Candidate.read(path).id, candidate_path=str(path))
+    if rnd.state == "gated":  # selected; releasing it is the server's decision (reef.learn.learner)
+        log.append(rnd, "done", resumed=True, reason="selected by the gate; release it with `reef release`")
+        return None
+    assert rnd.candidate_path is not None
+    candidate = Candidate.read(rnd.candidate_path)
+    out: dict[str, Any] = {"status": "trained", "scenario": plan.scenario, "round": rnd.round_id,
+                           "resumed_from": rnd.state, "snapshot": rnd.snapshot_id, "candidate": candidate.to_json(),
+                           "metrics": candidate.metrics}
+    with _failing(log, rnd):
+        out.update(_register_and_gate(plan, log, rnd, gate_config, evaluate=evaluate, engine=engine,
+                                      progress=progress, resumed=True))
+    return {**out, "round_state": rnd.state}
+
+
+def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, gate_config: GateConfig | None, *,
+                       evaluate: bool, engine: GateEngine | None, progress: bool,
+                       resumed: bool = False) -> dict[str, Any]:
+    """The steps after `trained` (or after `registered`, when resuming one)."""
+    from reef.release.candidates import register_candidate
+    from reef.release.gate import evaluate_candidate
+
+    if not evaluate:
+        log.append(rnd, "done", resumed=resumed, reason="not gated in this round")
+        return {}
+    if rnd.state == "trained":
+        assert rnd.candidate_path is not None
+        view = register_candidate(plan.data_dir, rnd.candidate_path)
+        log.append(rnd, "registered", resumed=resumed, candidate_id=view.candidate_id)
+    assert rnd.candidate_id is not None
+    result = evaluate_candidate(plan.data_dir, rnd.candidate_id, gate_config, progress=progress, engine=engine)
+    log.append(rnd, "gated", resumed=resumed, decision=result.decision, reason=result.reason)
+    if result.decision != "select":
+        log.append(rnd, "rejected", resumed=resumed, reason=result.reason)
+    return {"candidate_id": rnd.candidate_id, "gate": result.model_dump(mode="json", exclude={"per_prompt"})}
+
+
+def _trained_on(plan: RoundPlan, snapshot_hash: str | None) -> Path | None:
+    """The candidate folder trained on this snapshot, when the ledger says its training finished."""
+    import polars as pl
+
+    from reef.recipe import ledger
+    from reef.recipe.spec import Candidate
+
+    if snapshot_hash is None:
+        return None
+    rows = ledger.consumed(plan.ledger_root, plan.scenario).filter(pl.col("snapshot_hash") == snapshot_hash)
+    if rows.height == 0:
+        return None
+    folder_id = rows["candidate_id"][0]
+    path = plan.candidate_dir or plan.candidate_root / folder_id
+    if not (path / "candidate.json").is_file() or Candidate.read(path).lineage.snapshot_hash != snapshot_hash:
+        raise RoundResumeError(f"the ledger says snapshot {snapshot_hash[:12]} trained {folder_id}, but {path} "
+                               "does not hold a candidate trained on it")
+    return path
+
+
+def _remove_staging(plan: RoundPlan) -> None:
+    """The half-written folders a killed training left beside its fixed candidate folder."""
+    import shutil
+
+    if plan.candidate_dir is None:
+        return
+    for stale in plan.candidate_dir.parent.glob(f".{plan.candidate_dir.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextmanager
+def _failing(log: RoundLog, rnd: Round) -> Iterator[None]:
+    """An error in a step ends the round as `failed`, with the error as its reason."""
+    from reef.learn.round_log import TRANSITIONS
+
+    try:
+        yield
+    except Exception as exc:
+        if TRANSITIONS.allowed(rnd.state, "failed"):
+            log.append(rnd, "failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
+    from reef.learn.round_log import RoundBusyError
     from reef.recipe.snapshot import EmptySnapshotError
     from reef.release.gate import GateConfig, add_engine_arguments, engine_of
 
@@ -204,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_round(plan, gate_config, engine=engine_of(args.engine_url, args.engine_model), progress=False)
     except EmptySnapshotError as exc:
         result = {"status": "nothing_new", "scenario": plan.scenario, "reason": str(exc)}
+    except RoundBusyError as exc:
+        result = {"status": "busy", "scenario": plan.scenario, "reason": str(exc)}
     args.out.write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({k: result.get(k) for k in ("scenario", "status", "candidate_id")}), file=sys.stderr)
     return 0
