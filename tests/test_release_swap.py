@@ -403,3 +403,41 @@ def test_canary_promotes_on_better_rewards(gw: Gateway, api: ReefClient, ids: di
     assert release["evaluation"]["canary"]["arms"]["candidate"]["reports"] >= MIN_REPORTS
     after = Counter(release for _, release in _canary_requests(gw, 5))
     assert set(after) == {release["release_id"]}, after
+
+
+@pytest.mark.parametrize("point", ["release:loaded", "release:appended"])
+def test_kill_9_during_a_swap_leaves_head_and_serving_in_agreement(gw: Gateway, api: ReefClient, ids: dict[str, str],
+                                                                   probe: Probes, point: str) -> None:
+    """`reef serve` killed while it publishes a full-weight rollback, after the engine took the new
+    weights and before (or right after) the chain append. The session's vLLM outlives the gateway
+    holding those weights; after a restart what answers, and what records say, is the chain's head."""
+    messages, base_text, full_text = probe["full"]
+    releases = api.releases(S)["releases"]
+    if releases[-1]["content_id"] != releases[0]["content_id"]:  # start from the base weights
+        api.rollback(S, f"{S}@r0", head(api), approved_by="pytest")
+    before = head(api)
+    full = next((r["release_id"] for r in releases if r["content_id"] == ids["full"]), None)
+    gw.stop()
+    gw.env["REEF_CRASH_AT"] = point
+    gw.start()
+    with pytest.raises(httpx.HTTPError):  # a rollback to it once it was released, else its release
+        if full:
+            api.rollback(S, full, before, approved_by="pytest")
+        else:
+            api.release(S, ids["full"], before, approved_by="pytest")
+    assert gw.process is not None and gw.process.wait(timeout=60) == -9
+    del gw.env["REEF_CRASH_AT"]
+    gw.start()
+    now = head(api)
+    assert (now == before) == (point == "release:loaded")
+    assert api.releases(S)["head"]["content_id"] == (ids["full"] if now != before else releases[0]["content_id"])
+    text, record_id = ask(gw, messages)
+    assert release_of(gw, record_id) == now
+    assert text == (full_text if now != before else base_text), f"labelled {now} but answered {text!r}"
+    serving = api.status()["scenarios"][S]["serving"]
+    assert serving["release_id"] == now and serving["error"] is None
+    if not full and now != before:  # the register says what the chain says
+        assert {c["candidate_id"]: c for c in api.candidates(S)}[ids["full"]]["release_id"] == now
+    if now != before:  # the base weights back, for whatever uses the session's vLLM next
+        api.rollback(S, before, now, approved_by="pytest")
+        assert ask(gw, messages)[0] == base_text

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from reef.config import ServeConfig
+from reef.crashpoints import crash_point
 from reef.engine.hold import EngineHold
-from reef.engine.weights import EngineWeights
+from reef.engine.weights import EngineWeights, EngineWeightsError
 from reef.release.adapters import AdapterSlots
 from reef.release.artifacts import ArtifactError, ArtifactStore
 from reef.release.base_model import ensure_scenario, import_base_model
@@ -92,12 +93,32 @@ class Publisher:
         self.routes.base_content_id = base.content_id
         self.routes.on_new_scenario = self._new_scenario
         if self.swapper is not None:
-            try:  # the engine loaded these weights from disk itself: what it says now is the reference
-                await self.swapper.verify(self.config.model_name, base.content_id, None)
-            except ReleaseError as exc:
-                log.error("base model check failed: %s", exc)
+            await self._check_base(base.content_id)
         await self.apply_heads()
         await self.canary.resume()
+
+    async def _check_base(self, content_id: str) -> None:
+        """The engine must hold the base weights before the heads are applied. An engine this server
+        started loaded them itself (its answer is the reference). An upstream engine outlives the
+        gateway: one killed during a full-weight swap leaves it holding the new weights (the swapper
+        noted them before the reload), so they are replaced by the base again."""
+        assert self.swapper is not None and self.weights is not None
+        marked = self.swapper.marked_engine()
+        reload = self.config.upstream.url is not None and marked not in (None, content_id)
+        if not reload:
+            try:
+                await self.swapper.verify(self.config.model_name, content_id, None)
+            except ReleaseError as exc:
+                log.warning("the engine does not answer as the base model (%s)", exc)
+                reload = True
+        try:
+            if reload:  # at start: no request runs yet, nothing to hold back
+                log.warning("the engine may hold other full weights (%s): reloading the base", str(marked)[:12])
+                await self.weights.reload_full(await asyncio.to_thread(self.store.verify, content_id))
+                await self.swapper.verify(self.config.model_name, content_id, None)
+            await asyncio.to_thread(self.swapper.mark_engine, content_id)
+        except (ReleaseError, ArtifactError, EngineWeightsError) as exc:
+            log.error("base model check failed: %s", exc)
 
     async def apply_heads(self) -> None:
         """Serve each scenario's head, with its traffic split (a canary's candidate arm) when it has
@@ -116,6 +137,7 @@ class Publisher:
                 continue
             head = chain.head()
             assert head is not None
+            await asyncio.to_thread(self._mark_released, scenario, chain)
             async with self.lock:
                 try:
                     if head.content_id == self.base_content:
@@ -153,6 +175,18 @@ class Publisher:
                  if arm is not None and split_model is not None else None)
         return Route(model, release.release_id, release.content_id, release.kind, canary=split,
                      harness_id=release.harness_id)
+
+    def _mark_released(self, scenario: str, chain: ReleaseChain) -> None:
+        """A kill between a release's chain append and its candidate's `released` event leaves the
+        register behind the chain (the truth): catch it up."""
+        registry = CandidateRegistry(self.data_dir, scenario)
+        views = {v.candidate_id: v for v in registry.list()}
+        for release in chain.releases():
+            for cid in (release.content_id, release.harness_id):
+                view = views.get(cid) if release.operation in ("train", "promote") and cid else None
+                if view is not None and view.status == "selected":
+                    registry.mark_released(view.candidate_id, release.release_id, release.approved_by)
+                    views.pop(view.candidate_id)
 
     async def engine_restarted(self) -> None:
         """The engine came back empty (the base weights, no adapters): serve every head and canary
@@ -311,12 +345,14 @@ class Publisher:
                     model, undo = await self._load(scenario, content_id, kind)
                 split_model, split_undo = (None, _nothing) if split is None else await self._load_split_arm(
                     scenario, split, undo)
+                crash_point("release:loaded")
                 try:
                     release = await asyncio.to_thread(commit, chain, expected_parent)
                 except BaseException:
                     await split_undo()
                     await undo()
                     raise
+                crash_point("release:appended")
                 self.canary.on_release(scenario, release, reason)
                 self.routes.set(scenario, self._route(release, model, split_model))
             finally:

@@ -41,6 +41,9 @@ log = logging.getLogger("reef.release")
 # neutral probe; a gate result's probe is the first task of the scenario's eval suite.
 DEFAULT_PROBE = Probe(messages=[{"role": "user", "content": "Hello."}], max_tokens=8, text="")
 PROBES_FILE = "neutral-probes.json"  # replies to DEFAULT_PROBE by content id (probes.json held an older probe's)
+# The full weights the engine may hold, written before every reload: an engine that outlives this
+# gateway (upstream mode, killed mid-swap) is known to need the base weights back at the next start.
+ENGINE_FILE = "engine-weights.json"
 DRAIN_TIMEOUT_S = 60.0
 
 Undo = Callable[[], Awaitable[None]]
@@ -66,6 +69,7 @@ class Swapper:
         self.slots = slots
         self.engine_full: str | None = None  # the full weights the engine holds now
         self._probes_path = self.data_dir / "releases" / PROBES_FILE
+        self._engine_path = self.data_dir / "releases" / ENGINE_FILE
         self._probes: dict[str, str] = {}
         if self._probes_path.is_file():
             self._probes = json.loads(self._probes_path.read_text())
@@ -136,10 +140,12 @@ class Swapper:
             try:
                 await self.weights.reload_full(back)
                 self.engine_full = previous
+                await asyncio.to_thread(self.mark_engine, previous)
             finally:
                 self.hold.open()
 
         try:
+            await asyncio.to_thread(self.mark_engine, content_id)
             await self.weights.reload_full(path)
             self.engine_full = content_id
             await self.verify(model, content_id, probe)
@@ -147,6 +153,18 @@ class Swapper:
             await undo()
             raise
         return model, undo
+
+    def mark_engine(self, content_id: str) -> None:
+        """Durably note that the engine holds (or is being given) these full weights."""
+        self._engine_path.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(self._engine_path, json.dumps({"content_id": content_id}).encode())
+
+    def marked_engine(self) -> str | None:
+        """The full weights the engine held, or was being given, when this data dir last swapped."""
+        try:
+            return json.loads(self._engine_path.read_text())["content_id"]
+        except (OSError, ValueError, KeyError):
+            return None
 
     def full_needed_by(self, route: Route) -> str | None:
         if route.kind == "lora" and route.content_id:
