@@ -7,9 +7,16 @@ Rows (each with `--clients` threads sending JSON chats, each with a report, all 
 - engine kill:  `kill -9` of the managed vLLM API server of a `reef serve`
 - gateway kill: `kill -9` of a `reef serve` (in front of that engine), then started again
 - disk full:    the WAL on a 1 MB tmpfs (needs root or sudo) filled by large reports
+- learner kill: `kill -9` of a `reef serve` with the learner on while a round trains, then started
+                again; also: records trained twice (ledger) and records of the killed round that
+                are neither in a candidate nor pending (both must be 0)
+- kill during swap: `kill -9` of a `reef serve` while it publishes a full-weight release (crash
+                points `release:loaded`, before the chain append, and `release:appended`, right
+                after), then started again; also: whether the head and what answers agree
 For each: requests that failed, acknowledged records or reports missing afterwards (must be 0),
 and the time from the fault until the first request succeeds again.
-Not measured here (see the README): a learner killed mid-round and a kill during a release swap.
+
+    .venv/bin/python bench/faults.py --rows learner,swap    # only some rows
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -46,6 +54,7 @@ class Load:
     url: str
     clients: int
     feedback: str = ""
+    scenario: str = S
     acked_records: list[str] = field(default_factory=list)
     acked_reports: list[tuple[str, str]] = field(default_factory=list)  # (report id, record id)
     failures: list[tuple[float, str]] = field(default_factory=list)
@@ -66,7 +75,7 @@ class Load:
 
     def _run(self, worker: int) -> None:
         n = 0
-        with httpx.Client(base_url=self.url, timeout=60, headers={"x-reef-scenario": S}) as http:
+        with httpx.Client(base_url=self.url, timeout=60, headers={"x-reef-scenario": self.scenario}) as http:
             while not self._stop.is_set():
                 n += 1
                 try:
@@ -111,7 +120,7 @@ def lost(url: str, load: Load) -> int:
     """Acknowledged records or reports the server does not have (a report is checked by sending
     it again: a stored one comes back as a duplicate)."""
     missing = 0
-    with httpx.Client(base_url=url, timeout=60, headers={"x-reef-scenario": S}) as http:
+    with httpx.Client(base_url=url, timeout=60, headers={"x-reef-scenario": load.scenario}) as http:
         for record_id in load.acked_records:
             missing += http.get(f"/reef/records/{record_id}").status_code != 200
         for report_id, record_id in load.acked_reports:
@@ -121,11 +130,22 @@ def lost(url: str, load: Load) -> int:
     return missing
 
 
-def row(name: str, load: Load, fault_at: float, recovered: float | None, url: str) -> list[str]:
+def row(name: str, load: Load, fault_at: float, recovered: float | None, url: str, lost_note: str = "",
+        recover_note: str = "") -> list[str]:
     failed = len([t for t, _ in load.failures if t >= fault_at])
     kinds = sorted({what for t, what in load.failures if t >= fault_at})
-    return [name, f"{failed} ({', '.join(kinds) or '-'})", str(lost(url, load)),
-            f"{recovered:.1f} s" if recovered is not None else "never"]
+    return [name, f"{failed} ({', '.join(kinds) or '-'})", f"{lost(url, load)}{lost_note}",
+            (f"{recovered:.1f} s" if recovered is not None else "never") + recover_note]
+
+
+def wait_for(what: str, until, timeout_s: float = 900.0) -> float:  # noqa: ANN001
+    """Wait until `until()` is true; the monotonic time it became so."""
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"never happened: {what}")
+        time.sleep(0.2)
+    return time.monotonic()
 
 
 def engine_kill(serve: ServeProcess, clients: int, seconds: float) -> list[str]:
@@ -174,23 +194,166 @@ def disk_full(engine_url: str, work: Path, clients: int, seconds: float) -> list
         subprocess.run([*sudo, "umount", "-l", str(wal)], check=False)
 
 
+LEARN = "demo-add"  # a scenario with an eval suite, so the learner's rounds are gated
+
+
+def _round(url: str) -> dict | None:
+    try:
+        return httpx.get(f"{url}/reef/status", timeout=10).json()["learner"]["scenarios"][LEARN]["round"]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
+def learner_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list[str]:
+    from reef.experience import load as load_experience
+    from reef.learn.round_log import RoundLog
+    from reef.recipe import Snapshot, ledger, load_recipe
+    from reef.recipe.snapshot import select
+
+    gw = ServeProcess(work / "learner", ["--upstream-url", engine_url, "--model", str(TINY)], env={
+        "REEF_SERVED_MODEL_NAME": MODEL, "REEF_STORE__FLUSH_INTERVAL_S": "0.5", "REEF_LEARNER__ENABLED": "true",
+        "REEF_LEARNER__INTERVAL_S": "1", "REEF_RELEASE__GATE_SAMPLES": "1"})
+    gw.workdir.mkdir(parents=True, exist_ok=True)
+    params = {"kind": "lora", "max_steps": 120, "min_score": 1.0, "learning_rate": 5e-3}
+    (gw.workdir / "serve.yaml").write_text(yaml.safe_dump({
+        "recipes": {"lora-rft": {"recipe": "rft", "min_records": 32, "params": params}},
+        "scenarios": {LEARN: {"recipe": "lora-rft"}}}))
+    data = gw.data_dir
+    try:
+        gw.start()
+        with Load(gw.url, clients, scenario=LEARN) as load:
+            wait_for("a round's train step", lambda: (_round(gw.url) or {}).get("state") == "snapshotted")
+            time.sleep(3)  # into the training itself (120 steps: far from done)
+            killed = _round(gw.url)
+            assert killed is not None and killed["state"] == "snapshotted", killed
+            in_flight = set(Snapshot.open(data / "snapshots" / LEARN).record_ids)
+            fault_at = time.monotonic()
+            gw.kill()
+            gw.start()
+            recovered = load.recovered_after(fault_at)
+            closed = wait_for("the killed round closed", lambda: (_round(gw.url) or {}).get("round_id")
+                              != killed["round_id"] and (_round(gw.url) or {}).get("state") in FINAL)
+            time.sleep(seconds)
+        consumed = ledger.consumed(data / "ledger", LEARN)
+        twice = consumed.height - consumed["record_id"].n_unique()
+        spec = load_recipe("rft", {"base_model": str(TINY), **params, "scenario": LEARN}).experience()
+        waiting, _ = select(load_experience(LEARN, data).collect(), spec, set(consumed["record_id"]))
+        gone = len(in_flight - set(consumed["record_id"]) - set(waiting["record_id"]))
+        ends = {r.round_id: r.state for r in RoundLog.for_data_dir(data, LEARN).rounds()}
+        note = (f"; killed round ({len(in_flight)} records) {ends[killed['round_id']]}, next round "
+                f"{_round(gw.url)['state']} at {closed - fault_at:.1f} s")
+        return row("learner kill (kill -9 reef serve mid-training, restart)", load, fault_at, recovered, gw.url,
+                   f" (records trained twice: {twice}, in no candidate nor pending: {gone})", note)
+    finally:
+        gw.stop()
+
+
+FINAL = {"released", "rejected", "done", "failed", "abandoned", "gated"}  # gated: selected, policy approval
+
+
+def _selected_full_candidate(data: Path) -> tuple[str, dict]:
+    """A full-weight rft candidate of demo-add the gate selects, registered in `data`: (id, its probe)."""
+    from reef.recipe import Snapshot, load_recipe
+    from reef.release.candidates import register_candidate
+    from reef.release.gate import GateConfig, evaluate_candidate
+    from reef.traffic.offline import record_offline_traffic
+
+    traffic = data.parent / "traffic"
+    record_offline_traffic(TINY, traffic, LEARN, prompts=64, samples=4, seed=1)
+    rft = load_recipe("rft", {"base_model": str(TINY), "per_device_batch_size": 16, "min_score": 1.0, "kind": "full",
+                              "max_steps": 30, "learning_rate": 5e-4})
+    snap = Snapshot.create(LEARN, traffic, rft.experience(), root=data.parent / "snapshots",
+                           ledger_root=data.parent / "ledger")
+    cand = rft.run(snap, out_root=data.parent / "candidates", progress=False, consume=False)
+    view = register_candidate(data, cand.path)
+    result = evaluate_candidate(data, view.candidate_id, GateConfig(samples=2), progress=False)
+    if result.decision != "select" or result.probe is None:
+        raise RuntimeError(f"the gate did not select the bench's candidate: {result.reason}")
+    return view.candidate_id, result.probe.model_dump()
+
+
+def _base_reply(probe: dict) -> str:
+    """What the base model answers to the probe at temperature 0 (transformers, fp32, as the gate)."""
+    from reef.recipe.evaluate import load_model, replies
+
+    model, tokenizer = load_model(TINY)
+    return replies(model, tokenizer, [probe["messages"]], samples=1, temperature=0.0, seed=0,
+                   max_new_tokens=probe["max_tokens"])[0][0]
+
+
+def swap_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list[list[str]]:
+    gw = ServeProcess(work / "swap", ["--upstream-url", engine_url, "--model", str(TINY)], env={
+        "REEF_SERVED_MODEL_NAME": MODEL, "REEF_STORE__FLUSH_INTERVAL_S": "0.5", "REEF_ADMIN_TOKEN": "bench"})
+    candidate, probe = _selected_full_candidate(gw.data_dir)
+    base_text = _base_reply(probe)
+    admin = {"Authorization": "Bearer bench"}
+    rows = []
+    try:
+        for point in ("release:loaded", "release:appended"):
+            gw.env["REEF_CRASH_AT"] = point
+            gw.start()
+            releases = f"{gw.url}/reef/scenarios/{LEARN}/releases"
+            before = httpx.get(releases).json()["head"]["release_id"]
+            with Load(gw.url, clients, scenario=LEARN) as load:
+                time.sleep(seconds)
+                fault_at = time.monotonic()
+                try:
+                    httpx.post(releases, headers=admin, timeout=300, json={
+                        "candidate": candidate, "expected_parent": before, "approved_by": "bench"})
+                except httpx.HTTPError:
+                    pass
+                assert gw.process is not None and gw.process.wait(timeout=120) == -9
+                del gw.env["REEF_CRASH_AT"]
+                gw.start()
+                recovered = load.recovered_after(fault_at)
+                time.sleep(seconds)
+            head = httpx.get(releases).json()["head"]
+            serving = httpx.get(f"{gw.url}/reef/status").json()["scenarios"][LEARN]["serving"]
+            raw = httpx.post(f"{gw.url}/v1/chat/completions", headers={"x-reef-scenario": LEARN}, timeout=60, json={
+                "model": MODEL, "messages": probe["messages"], "max_tokens": probe["max_tokens"], "temperature": 0})
+            expected = probe["text"] if head["content_id"] == candidate else base_text
+            agree = (serving["release_id"] == head["release_id"] == raw.headers["x-reef-release-id"]
+                     and raw.json()["choices"][0]["message"]["content"] == expected and serving["error"] is None)
+            rows.append(row(f"kill during swap (kill -9 reef serve at {point}, restart)", load, fault_at, recovered,
+                            gw.url, "", f"; head {head['release_id']}, serving and answers "
+                            f"{'agree' if agree else 'DISAGREE'}"))
+            if head["release_id"] != before:  # the base weights back for the next row
+                httpx.post(f"{gw.url}/reef/scenarios/{LEARN}/rollback", headers=admin, timeout=300,
+                           json={"release_id": before, "expected_parent": head["release_id"]}).raise_for_status()
+            gw.stop()
+    finally:
+        gw.stop()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0, help="of load before and after each fault")
+    parser.add_argument("--rows", default="engine,gateway,disk,learner,swap", help="which rows, comma-separated")
     args = parser.parse_args()
+    wanted = set(args.rows.split(","))
     rows = []
     with tempfile.TemporaryDirectory(prefix="reef-faults-") as tmp:
         work = Path(tmp)
         serve = ServeProcess(work / "managed", ["--model", str(TINY)], env={"REEF_SERVED_MODEL_NAME": MODEL}).start()
         try:
-            console.print("engine kill ...")
-            rows.append(engine_kill(serve, args.clients, args.seconds))
+            if "engine" in wanted:
+                console.print("engine kill ...")
+                rows.append(engine_kill(serve, args.clients, args.seconds))
             engine_url = httpx.get(f"{serve.url}/reef/status").json()["engine"]["url"]
-            console.print("gateway kill ...")
-            rows.append(gateway_kill(engine_url, work, args.clients, args.seconds))
-            console.print("disk full ...")
-            rows.append(disk_full(engine_url, work, args.clients, args.seconds))
+            if "gateway" in wanted:
+                console.print("gateway kill ...")
+                rows.append(gateway_kill(engine_url, work, args.clients, args.seconds))
+            if "disk" in wanted:
+                console.print("disk full ...")
+                rows.append(disk_full(engine_url, work, args.clients, args.seconds))
+            if "learner" in wanted:
+                console.print("learner kill ...")
+                rows.append(learner_kill(engine_url, work, args.clients, args.seconds))
+            if "swap" in wanted:  # last: it swaps the engine's full weights (and puts the base back)
+                console.print("kill during swap ...")
+                rows.extend(swap_kill(engine_url, work, args.clients, args.seconds))
         finally:
             serve.stop()
     table = Table(title=f"faults under load ({args.clients} clients, chat + report each)")
