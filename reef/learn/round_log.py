@@ -28,11 +28,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from reef.durable import append_line, read_log
 from reef.release.schema import utcnow
-from reef.statemachine import Transitions
+from reef.statemachine import LogEvent, Transitions
 
 RoundState = Literal["planned", "snapshotted", "trained", "registered", "gated", "released", "rejected", "done",
                      "failed", "abandoned"]
@@ -59,14 +59,11 @@ class RoundBusyError(RuntimeError):
     """Another process is running a round of this scenario."""
 
 
-class RoundEvent(BaseModel):
+class RoundEvent(LogEvent):
     """One transition; the fields a step learned ride on the event that reports it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     round_id: str
     state: RoundState
-    at: datetime = Field(default_factory=utcnow)
     reason: str | None = None
     resumed: bool = False  # written by a later process than the one that started the round
     scenario: str | None = None
