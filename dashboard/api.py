@@ -80,10 +80,12 @@ def _swap_ms(body: dict[str, Any]) -> str:
 
 
 def release(url: str, token: str | None, scenario: str, candidate_id: str, expected_parent: str,
-            by: str | None) -> Outcome:
-    return _run(f"Releasing {candidate_id[:12]}", url, token, lambda c: c.release(
-        scenario, candidate_id, expected_parent=expected_parent, approved_by=by),
-        lambda b: f"Released {candidate_id[:12]} as {(b.get('release') or {}).get('release_id')}{_swap_ms(b)}.")
+            by: str | None, harness: str | None = None) -> Outcome:
+    """A weights or harness candidate; with `harness`, weights and a harness in one step (composite)."""
+    what = f"{candidate_id[:12]} with harness {harness[:12]}" if harness else candidate_id[:12]
+    return _run(f"Releasing {what}", url, token, lambda c: c.release(
+        scenario, candidate_id, expected_parent=expected_parent, approved_by=by, harness=harness),
+        lambda b: f"Released {what} as {(b.get('release') or {}).get('release_id')}{_swap_ms(b)}.")
 
 
 def rollback(url: str, token: str | None, scenario: str, release_id: str, expected_parent: str,
@@ -98,13 +100,14 @@ def reject(url: str, token: str | None, candidate_id: str, reason: str, by: str 
                 lambda _: f"Rejected {candidate_id[:12]}.")
 
 
-def start_canary(url: str, token: str | None, scenario: str, candidate_id: str, fraction: float) -> Outcome:
+def start_canary(url: str, token: str | None, scenario: str, candidate_id: str, fraction: float,
+                 expected_parent: str | None = None, by: str | None = None) -> Outcome:
     return _run(f"Starting a canary of {candidate_id[:12]}", url, token,
-                lambda c: c.start_canary(scenario, candidate_id, fraction),
-                lambda _: f"Canary of {candidate_id[:12]} started: {fraction:.0%} of {scenario}'s requests go "
-                          "to it until the rule decides.")
+                lambda c: c.start_canary(scenario, candidate_id, fraction, expected_parent, by),
+                lambda b: f"Canary of {candidate_id[:12]} started: routing release {b.get('head_release_id')} "
+                          f"sends {fraction:.0%} of {scenario}'s requests to it until the rule decides.")
 
 
 def stop_canary(url: str, token: str | None, scenario: str) -> Outcome:
     return _run("Aborting the canary", url, token, lambda c: c.stop_canary(scenario),
-                lambda _: "Canary aborted: all traffic goes to the head.")
+                lambda _: "Canary aborted: a routing release without the split sends all traffic to the head.")

@@ -324,13 +324,15 @@ TEXT_SUFFIXES = (".txt", ".md", ".yaml", ".yml", ".json", ".jinja", ".py", ".tom
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def harness_diff(data_dir: Path, old_content: str, new_content: str) -> str:
-    """Unified diff of the text files of two artifacts (a harness candidate against the head)."""
+def harness_diff(data_dir: Path, old_content: str | None, new_content: str | None,
+                 old_label: str = "head", new_label: str = "candidate") -> str:
+    """Unified diff of the text files of two artifacts (a harness candidate against the harness it
+    changes, a harness release against its parent's); None: no harness (every file is new)."""
     store = ArtifactStore.for_data_dir(data_dir)
     out: list[str] = []
 
-    def files(content_id: str) -> dict[str, str]:
-        if not store.exists(content_id):
+    def files(content_id: str | None) -> dict[str, str]:
+        if not content_id or not store.exists(content_id):
             return {}
         root = store.path(content_id)
         texts = {}
@@ -349,9 +351,44 @@ def harness_diff(data_dir: Path, old_content: str, new_content: str) -> str:
         a, b = old.get(path, ""), new.get(path, "")
         if a != b:
             out.extend(difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True),
-                                            f"head/{path}" if path in old else "/dev/null",
-                                            f"candidate/{path}" if path in new else "/dev/null"))
+                                            f"{old_label}/{path}" if path in old else "/dev/null",
+                                            f"{new_label}/{path}" if path in new else "/dev/null"))
     return "".join(out)
+
+
+def harness_base(view: dict[str, Any], head: dict[str, Any] | None) -> tuple[str | None, str]:
+    """The harness a harness candidate changes, and what to call it: the parent harness its recipe
+    mutated (lineage `parent_harness`), else the head's harness (None: the head serves none)."""
+    parent = (view.get("lineage") or {}).get("parent_harness")
+    if parent:
+        return parent, f"parent {parent[:12]}"
+    return (head or {}).get("harness_id"), f"head {(head or {}).get('release_id', '')}".strip()
+
+
+def change_of(release: dict[str, Any], parent: dict[str, Any] | None) -> str:
+    """What a release changed against its parent, in a word: base, weights, harness, composite
+    (both in one step), split (a routing release: a canary started or ended) or nothing."""
+    if parent is None:
+        return "base"
+    weights = release["content_id"] != parent["content_id"]
+    harness = release.get("harness_id") != parent.get("harness_id")
+    if weights and harness:
+        return "composite"
+    if weights or harness:
+        return "weights" if weights else "harness"
+    return "split" if release.get("routing") != parent.get("routing") else "nothing"
+
+
+def split_text(release: dict[str, Any]) -> str | None:
+    """`30% -> candidate abc123…` for a release that splits traffic, else None."""
+    arms = (release.get("routing") or {}).get("arms") or []
+    cand = next((a for a in arms if a["arm"] == "candidate"), None)
+    return None if cand is None else f"{cand['share']:.0%} -> {cand['content_id'][:12]}"
+
+
+def serves(release: dict[str, Any]) -> tuple[Any, ...]:
+    """Everything that decides who answers (weights, harness, split): a rollback must change it."""
+    return release["content_id"], release.get("harness_id"), json.dumps(release.get("routing"), sort_keys=True)
 
 
 # --- learner and pipeline ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The lineage graph as DOT: releases, their content, candidate, snapshot, recipe, params, base
-model, code and the DVC stages that produced them."""
+"""The lineage graph as DOT: releases, their content (weights, harness, a routing release's canary
+arm), candidate, snapshot, recipe, params, base model, code and the DVC stages that produced them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 COLOURS = {"release": "#4c78a8", "content": "#9d755d", "candidate": "#54a24b", "snapshot": "#f58518",
-           "recipe": "#b279a2", "params": "#bab0ac", "base": "#72b7b2", "code": "#eeca3b", "dvc": "#e45756"}
+           "recipe": "#b279a2", "params": "#bab0ac", "base": "#72b7b2", "code": "#eeca3b", "dvc": "#e45756",
+           "harness": "#ff9da6"}
 
 
 def _q(text: Any) -> str:
@@ -74,6 +75,17 @@ def lineage_dot(chain: list[dict[str, Any]], release_id: str, depth: int, candid
         cnode = g.node(f"content:{content}", f"{r['kind']} artifact\n{content[:12]}"
                        + (f"\n{len(manifest.get('files', []))} files, {size:.1f} MB" if manifest else ""), "content")
         g.edge(rid, cnode, "serves")
+        if r.get("harness_id"):
+            tree = r["harness_id"]
+            hcand = candidates.get(tree)
+            hnode = g.node(f"content:{tree}", f"harness\n{tree[:12]}" + (
+                f"\ncandidate {hcand['status']}" if hcand else ""), "harness")
+            g.edge(rid, hnode, "harness")
+        split = next((a for a in (r.get("routing") or {}).get("arms") or [] if a["arm"] == "candidate"), None)
+        if split is not None:  # a routing release: a share of the traffic goes to a canary candidate
+            arm = split["content_id"]
+            g.edge(rid, g.node(f"content:{arm}", f"lora artifact\n{arm[:12]}", "content"),
+                   f"canary {split['share']:.0%}", style="dashed")
         cand = candidates.get(content)
         lineage = r.get("lineage") or (cand or {}).get("lineage") or manifest.get("lineage") or {}
         origin = cnode

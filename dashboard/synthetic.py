@@ -20,12 +20,13 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from reef.config import StoreConfig
 from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash, sha256_json
 from reef.experience.store import ExperienceStore
 from reef.release import ArtifactStore, Release, ReleaseChain, ReleaseLineage
-from reef.release.candidates import CandidateEvent, CandidateRegistry, GateResult, PromptOutcome
+from reef.release.candidates import CandidateRegistry, GateResult, PromptOutcome
 
 SYSTEM = "You add numbers. Reply as 'Answer: <number>'."
 TEMPLATES = ("What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}.")
@@ -41,34 +42,69 @@ class SyntheticStore:
     reports: int
 
 
-def _harness(root: Path, name: str, prompt: str) -> Path:
+def _harness(root: Path, name: str, prompt: str, rules: str = "Reply with the answer only.") -> Path:
+    """A harness tree as reef.release.harness lays it out: system prompt, rules, one skill."""
     tree = root / name
-    tree.mkdir(parents=True)
-    (tree / "system_prompt.txt").write_text(prompt + "\n")
-    (tree / "harness.yaml").write_text(f"name: {name}\ntemperature: 0.7\nmax_tokens: 16\n")
+    (tree / "skills" / "add").mkdir(parents=True)
+    (tree / "system.md").write_text(prompt + "\n")
+    (tree / "rules.md").write_text(rules + "\n")
+    (tree / "skills" / "add" / "SKILL.md").write_text(
+        "---\nname: add\ndescription: add two numbers\n---\nAdd the ones, then the tens.\n")
     return tree
 
 
+def make_harness_candidate(out: Path, scenario: str, files: dict[str, str], *, parent_release: str,
+                           parent_harness: str | None, mutations: list[dict[str, Any]] | None = None,
+                           recipe: str = "recipes.harness_evolve.recipe:HarnessEvolve") -> Path:
+    """A harness candidate folder as a harness recipe writes it (reef.recipe.harness): the whole tree
+    after its mutations at the folder's root, and candidate.json with kind "harness", the mutations
+    and a lineage naming the harness they were applied to (`parent_harness`)."""
+    for rel, text in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    (out / "candidate.json").write_text(json.dumps({
+        "kind": "harness", "id": f"{scenario}-{out.name}", "scenario": scenario,
+        "created_at": datetime.now(UTC).isoformat(), "path": str(out),
+        "metrics": {"failures": 12, "records": 64, "mutations": len(mutations or []), "proposer": "mined"},
+        "mutations": mutations or [],
+        "lineage": {"snapshot_id": f"{scenario}-snap-{out.name}", "recipe": recipe, "params": {"max_mutations": 2},
+                    "parent_release": parent_release, "parent_harness": parent_harness,
+                    "code_commit": "0123abc", "base_model": "data/models/tiny"},
+        "training_log": []}))
+    return out
+
+
+def _fake_base(root: Path) -> Path:
+    """Stands in for the base model's folder: the synthetic chain needs weights to point at, never serves them."""
+    folder = root / "base"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"synthetic weights, never loaded")
+    (folder / "config.json").write_text('{"model_type": "synthetic"}')
+    return folder
+
+
 def write_chain(data_dir: Path, scenario: str, n_releases: int = 4) -> list[Release]:
-    """r0 (create), then `n_releases - 1` train releases of harness artifacts with full lineage."""
+    """r0 (create: base weights), then `n_releases - 1` harness releases on the same weights, each
+    with a harness recipe's lineage."""
     artifacts = ArtifactStore.for_data_dir(data_dir, fsync=False)
     chain = ReleaseChain.for_data_dir(data_dir, scenario, artifacts=artifacts, fsync=False)
     with tempfile.TemporaryDirectory() as tmp:
-        base = artifacts.import_harness(_harness(Path(tmp), "base", SYSTEM),
-                                        lineage=ReleaseLineage(base_model="data/models/tiny"))
-        releases = [chain.ensure_base(base.content_id, base.lineage, kind="harness")]
+        base = artifacts.import_base(_fake_base(Path(tmp)), lineage=ReleaseLineage(base_model="data/models/tiny"))
+        releases = [chain.ensure_base(base.content_id, base.lineage)]
         for i in range(1, n_releases):
             prompt = f"{SYSTEM} Think step {i}: add the ones, then the tens."
             lineage = ReleaseLineage(
                 snapshot_id=f"{scenario}-snap-{i:04d}", snapshot_hash=hashlib.sha256(f"snap{i}".encode()).hexdigest(),
-                recipe="recipes.rft.recipe:RFT", params={"max_steps": 30 * i, "learning_rate": 5e-4, "kind": "full"},
+                recipe="recipes.harness_evolve.recipe:HarnessEvolve", params={"max_mutations": i},
                 parent_release=releases[-1].release_id, code_commit="0123abc", base_model="data/models/tiny",
+                parent_harness=releases[-1].harness_id,
             )
-            manifest = artifacts.import_harness(_harness(Path(tmp), f"v{i}", prompt), lineage=lineage)
+            tree = artifacts.import_harness(_harness(Path(tmp), f"v{i}", prompt), lineage=lineage)
             evaluation = {"decision": "select", "candidate_success": 0.3 + 0.15 * i, "head_success": 0.15 + 0.15 * i,
-                          "ci_low": 0.05, "ci_high": 0.25}
-            releases.append(chain.publish(releases[-1].release_id, manifest.content_id, "harness", "train",
-                                          evaluation=evaluation, approved_by="synthetic", lineage=lineage))
+                          "ci_low": 0.05, "ci_high": 0.25, "delta": 0.15, "head_release_id": releases[-1].release_id}
+            releases.append(chain.publish(releases[-1].release_id, base.content_id, "full", "train",
+                                          evaluation=evaluation, approved_by="synthetic", lineage=base.lineage,
+                                          harness_id=tree.content_id, harness_lineage=lineage))
     return releases
 
 
@@ -177,31 +213,25 @@ def gate_result(head_release_id: str, *, success: float, head_success: float, se
 
 
 def write_harness_candidates(data_dir: Path, scenario: str, head: Release, n: int = 3) -> list[str]:
-    """`n` harness candidates against `head`, registered and gated (the last one selected).
-
-    CandidateRegistry.register imports recipe outputs (weights); a harness is imported with
-    ArtifactStore.import_harness and its `registered` event written the way the register writes it."""
-    artifacts = ArtifactStore.for_data_dir(data_dir, fsync=False)
+    """`n` harness candidates mutating `head`'s harness, registered and gated (the last one selected)."""
     registry = CandidateRegistry(data_dir, scenario, fsync=False)
     ids = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
-            lineage = ReleaseLineage(snapshot_id=f"{scenario}-snap-c{i}", recipe="harness-search",
-                                     params={"variant": i}, parent_release=head.release_id,
-                                     base_model="data/models/tiny")
-            tree = _harness(Path(tmp), f"cand{i}", f"{SYSTEM} Variant {i}: check the sum twice.")
-            manifest = artifacts.import_harness(tree, lineage=lineage)
-            event = CandidateEvent(candidate_id=manifest.content_id, event="registered", data={
-                "kind": "harness", "source": str(tree), "source_id": f"{scenario}-h{i}",
-                "created_at": (datetime.now(UTC) - timedelta(minutes=n - i)).isoformat(),
-                "lineage": lineage.model_dump(mode="json"), "train_metrics": {"candidates_tried": 8 + i}})
-            registry.dir.mkdir(parents=True, exist_ok=True)
-            with registry.path.open("a") as f:
-                f.write(event.model_dump_json() + "\n")
+            prompt = f"{SYSTEM} Variant {i}: check the sum twice."
+            rule = f"Check the sum twice (variant {i})."
+            files = {"system.md": prompt + "\n", "rules.md": f"Reply with the answer only.\n{rule}\n"}
+            mutations = [{"op": "update", "path": "system.md", "reason": "replies skipped the check",
+                          "content": files["system.md"]},
+                         {"op": "update", "path": "rules.md", "reason": f"feedback: 'wrong sum' x{3 + i}",
+                          "content": files["rules.md"]}]
+            folder = make_harness_candidate(Path(tmp) / f"cand{i}", scenario, files, parent_release=head.release_id,
+                                            parent_harness=head.harness_id, mutations=mutations)
+            view = registry.register(folder)
             good = i == n - 1
-            registry.record_gate(manifest.content_id, gate_result(
+            registry.record_gate(view.candidate_id, gate_result(
                 head.release_id, success=0.8 if good else 0.5, head_success=0.55, seed=i))
-            ids.append(manifest.content_id)
+            ids.append(view.candidate_id)
     return ids
 
 

@@ -70,3 +70,18 @@ def pct(value: float | None) -> str:
 
 def signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f}"
+
+
+def harness_changes(cfg: Settings, view: dict[str, Any], head: dict[str, Any] | None) -> None:
+    """A harness candidate's changes: the mutations its recipe proposed and the diff of its files
+    against the harness it changes (its parent harness, else the head's)."""
+    import polars as pl
+
+    base, label = data.harness_base(view, head)
+    st.caption(f"against the {label}" if base else "the head serves no harness: every file is new")
+    mutations = view.get("mutations") or []
+    if mutations:
+        st.dataframe(pl.DataFrame([{"op": m.get("op"), "path": m.get("path"), "reason": m.get("reason")}
+                                   for m in mutations]), hide_index=True, width="stretch")
+    diff = data.harness_diff(cfg.data_dir, base, view["candidate_id"], label.split()[0], "candidate")
+    st.code(diff or "(no difference)", language="diff")

@@ -19,7 +19,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from dashboard import data, graph
-from dashboard.synthetic import gate_result, make_lora_candidate, write_records, write_store
+from dashboard.synthetic import gate_result, make_harness_candidate, make_lora_candidate, write_records, write_store
 from reef.client import ReefClient
 from reef.experience import load
 from reef.release.base_model import ensure_scenario
@@ -217,6 +217,78 @@ def test_release_page_runs_a_canary(served: dict, monkeypatch: pytest.MonkeyPatc
     assert at.button(key="canary_start")  # the page offers a new canary
 
 
+def _harness_candidate(data_dir: Path, work: Path, name: str, rule: str, head: dict) -> str:
+    """A harness candidate (a harness recipe's folder) adding `rule` to the head's harness, registered
+    and selected by a (synthetic) gate result against the head."""
+    files = {"system.md": "You add numbers.\n", "rules.md": f"{rule}\n"}
+    mutations = [{"op": "create", "path": "rules.md", "reason": "feedback", "content": rule}]
+    folder = make_harness_candidate(work / name, SCENARIO, files, parent_release=head["release_id"],
+                                    parent_harness=head.get("harness_id"), mutations=mutations)
+    view = register_candidate(data_dir, folder)
+    select(data_dir, view.candidate_id, head["release_id"])
+    return view.candidate_id
+
+
+def select(data_dir: Path, candidate_id: str, head_release_id: str) -> None:
+    CandidateRegistry(data_dir, SCENARIO).record_gate(
+        candidate_id, gate_result(head_release_id, success=0.8, head_success=0.3, seed=7))
+
+
+@pytest.mark.vllm
+def test_release_page_releases_harness_candidates(served: dict, tiny_model: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Harness candidates are approved, rejected, released with weights (composite) and rolled back
+    from the page, through the same release API as weights; harness releases show their diffs."""
+    data_dir = served["data_dir"]
+    with ReefClient(served["url"], admin_token=TOKEN) as client:
+        head = client.releases(SCENARIO)["head"]
+        if head.get("routing"):  # a canary left running by another test: end its split first
+            client.stop_canary(SCENARIO)
+            head = client.releases(SCENARIO)["head"]
+    first = _harness_candidate(data_dir, tmp_path, "h1", "Reply with the number only.", head)
+    spare = _harness_candidate(data_dir, tmp_path, "h3", "Never answer.", head)
+    at = app(monkeypatch, data_dir, served["url"], "release", token=TOKEN)
+    expander = next(e for e in at.expander if e.label == "Harness diff" and any(
+        "+Reply with the number only." in c.value for c in e.code))
+    assert expander  # the waiting harness candidate shows what it changes
+
+    at.button(key=f"approve_{first}").click().run()  # a harness release: the head's weights stay
+    assert any("Released" in s for s in texts(at, "success")), texts(at, "error")
+    with ReefClient(served["url"]) as client:
+        harnessed = client.releases(SCENARIO)["head"]
+    assert (harnessed["harness_id"], harnessed["content_id"]) == (first, head["content_id"])
+    shown = next(e for e in at.expander if e.label.startswith(f"{harnessed['release_id']} · harness"))
+    assert any("+Reply with the number only." in c.value for c in shown.code)  # the release's diff
+
+    at.text_input(key=f"reason_{spare}").input("tells it never to answer").run()
+    at.button(key=f"reject_{spare}").click().run()
+    assert CandidateRegistry(data_dir, SCENARIO).get(spare).status == "rejected"
+
+    # Weights and another harness in one composite release, both gated against what serves now.
+    lora = register_candidate(data_dir, make_lora_candidate(tiny_model, tmp_path / "lora", SCENARIO, seed=5))
+    select(data_dir, lora.candidate_id, harnessed["release_id"])
+    second = _harness_candidate(data_dir, tmp_path, "h2", "Reply as 'Answer: <n>'.", harnessed)
+    at.run()
+    at.selectbox(key="release_candidate").set_value(lora.candidate_id).run()
+    at.selectbox(key="release_harness").set_value(second).run()
+    at.button(key="release_button").click().run()
+    assert any("with harness" in s for s in texts(at, "success")), texts(at, "error")
+    with ReefClient(served["url"]) as client:
+        composite = client.releases(SCENARIO)["head"]
+    assert (composite["content_id"], composite["harness_id"]) == (lora.candidate_id, second)
+    table = next(d.value for d in at.dataframe if "change" in d.value.columns)
+    assert table.row(0, named=True)["change"] == "composite" and "harness" in set(table["change"])
+
+    # Roll back to the harness release: its weights and harness serve again.
+    at.selectbox(key="rollback_target").set_value(harnessed["release_id"]).run()
+    at.button(key="rollback_button").click().run()
+    assert any("Rolled back" in s for s in texts(at, "success")), texts(at, "error")
+    with ReefClient(served["url"]) as client:
+        back = client.releases(SCENARIO)
+    assert (back["head"]["content_id"], back["head"]["harness_id"]) == (head["content_id"], first)
+    assert back["serving"]["release_id"] == back["head"]["release_id"]
+
+
 @pytest.mark.vllm
 def test_lineage_graph(served: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     first = served["candidates"][0]
@@ -252,6 +324,21 @@ def test_harness_candidate_shows_a_diff(synthetic: Path, monkeypatch: pytest.Mon
     at = app(monkeypatch, synthetic, "http://127.0.0.1:9", "candidates")
     diffs = [c.value for c in at.code if c.language == "diff"]
     assert diffs and "-You add numbers" in diffs[0] and "+You add numbers" in diffs[0] and "Variant" in diffs[0]
+    assert "parent/rules.md" in diffs[0] and "+Check the sum twice" in diffs[0]  # against the harness it mutated
+
+
+def test_release_page_lists_harness_releases_with_diffs(synthetic: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(monkeypatch, synthetic, "http://127.0.0.1:9", "release")
+    table = next(d.value for d in at.dataframe if "change" in d.value.columns)
+    assert list(table["change"]) == ["harness", "harness", "base"] and table["harness"][2] == "-"
+    releases = [e for e in at.expander if e.label.startswith(f"{SCENARIO}@r")]
+    assert [e.label.split(" · ")[:2] for e in releases] == [[f"{SCENARIO}@r{i}", "harness"] for i in (2, 1)]
+    newest = releases[0].code[0].value
+    assert f"--- {SCENARIO}@r1/system.md" in newest and "-You add numbers. Reply as 'Answer: <number>'. Think step 1" \
+        in newest and "+You add numbers. Reply as 'Answer: <number>'. Think step 2" in newest
+    first = releases[1].code[0].value  # r1's parent r0 serves no harness: every file is new
+    assert "--- /dev/null" in first and "+++ demo-add@r1/skills/add/SKILL.md" in first
+    assert [e.label for e in at.expander if e.label == "Harness diff"]  # the selected harness candidate waits
 
 
 def test_lineage_dot_is_valid_for_a_rollback(synthetic: Path) -> None:

@@ -1,4 +1,5 @@
-"""Candidates: every candidate with its gate result; one compared with the head in detail."""
+"""Candidates: every candidate (weights and harness) with its gate result; one compared with the head
+in detail, a harness candidate with its mutations and the diff of its files."""
 
 from __future__ import annotations
 
@@ -158,9 +159,7 @@ with right:
     st.page_link("views/lineage.py", label="Open the lineage graph", icon=":material/account_tree:")
 
 if view["kind"] == "harness":
-    st.subheader("Harness diff against the head")
-    if head is None:
-        st.caption("No head release to compare with.")
-    else:
-        diff = data.harness_diff(cfg.data_dir, head["content_id"], view["candidate_id"])
-        st.code(diff or "(no difference)", language="diff")
+    st.subheader("Harness: mutations and diff")
+    ui.harness_changes(cfg, view, head)
+    st.page_link("views/release.py", label="Approve, reject or release it on the Release page",
+                 icon=":material/rocket_launch:")
