@@ -8,6 +8,7 @@ written as a synthetic GateResult), so a release swaps them into vLLM for real.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from dashboard import data, graph
 from dashboard.synthetic import gate_result, make_harness_candidate, make_lora_candidate, write_records, write_store
 from reef.client import ReefClient
 from reef.experience import load
+from reef.release import ReleaseChain, Routing
 from reef.release.base_model import ensure_scenario
 from reef.release.candidates import CandidateRegistry, register_candidate
 from tests.conftest import REPO, Gateway
@@ -346,6 +348,19 @@ def test_lineage_dot_is_valid_for_a_rollback(synthetic: Path) -> None:
     dot = graph.lineage_dot(chain, chain[-1]["release_id"], 5, {}, {}, {})
     assert dot.startswith("digraph lineage {") and dot.rstrip().endswith("}")
     assert dot.count('"parent"') == len(chain) - 1
+
+
+def test_lineage_dot_shows_the_harness_and_a_canary_arm(tmp_path: Path) -> None:
+    def cid(name: str) -> str:
+        return hashlib.sha256(name.encode()).hexdigest()
+
+    chain = ReleaseChain(tmp_path, SCENARIO)
+    r0 = chain.ensure_base(cid("base"))
+    routing = Routing.canary(SCENARIO, r0.content_id, "full", cid("lora"), 0.25)
+    chain.publish(r0.release_id, r0.content_id, "full", "route", harness_id=cid("tree"), routing=routing)
+    dot = graph.lineage_dot([r.model_dump(mode="json") for r in chain.releases()], f"{SCENARIO}@r1", 5, {}, {}, {})
+    assert f'"content:{cid("tree")}"' in dot and '"harness"' in dot
+    assert f'"content:{cid("lora")}"' in dot and '"canary 25%"' in dot
 
 
 def test_candidate_training_curves(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
