@@ -279,7 +279,7 @@ def test_release_page_releases_harness_candidates(served: dict, tiny_model: Path
         composite = client.releases(SCENARIO)["head"]
     assert (composite["content_id"], composite["harness_id"]) == (lora.candidate_id, second)
     table = next(d.value for d in at.dataframe if "change" in d.value.columns)
-    assert table.row(0, named=True)["change"] == "composite" and "harness" in set(table["change"])
+    assert list(table["change"])[0] == "composite" and "harness" in set(table["change"])
 
     # Roll back to the harness release: its weights and harness serve again.
     at.selectbox(key="rollback_target").set_value(harnessed["release_id"]).run()
