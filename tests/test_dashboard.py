@@ -327,6 +327,8 @@ def test_harness_candidate_shows_a_diff(synthetic: Path, monkeypatch: pytest.Mon
     diffs = [c.value for c in at.code if c.language == "diff"]
     assert diffs and "-You add numbers" in diffs[0] and "+You add numbers" in diffs[0] and "Variant" in diffs[0]
     assert "parent/rules.md" in diffs[0] and "+Check the sum twice" in diffs[0]  # against the harness it mutated
+    mutations = next(d.value for d in at.dataframe if "op" in d.value.columns)  # what the recipe proposed
+    assert list(mutations["path"]) == ["system.md", "rules.md"] and "wrong sum" in mutations["reason"].iloc[1]
 
 
 def test_release_page_lists_harness_releases_with_diffs(synthetic: Path, monkeypatch: pytest.MonkeyPatch) -> None:
