@@ -1,8 +1,10 @@
 """The scenario contract: declare tasks, a reward, an eval suite and a recipe; Reef does the rest."""
 
+from reef.scenario.environment import Environment, EpisodeState, ToolCall, ToolEnvironmentError
 from reef.scenario.registry import (
     ENTRY_POINT_GROUP,
     all_scenarios,
+    environment_for,
     eval_suite,
     get_scenario,
     packaged_scenarios,
@@ -12,6 +14,7 @@ from reef.scenario.registry import (
 from reef.scenario.reward import RewardError, RewardFn, Score, parse_judge_score
 from reef.scenario.schema import (
     CanaryConfig,
+    EnvironmentSpec,
     EvalSpec,
     HarnessSpec,
     JudgeReward,
@@ -24,8 +27,9 @@ from reef.scenario.schema import (
 from reef.scenario.suite import EvalSuite, ScenarioError, Task, load_tasks
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "CanaryConfig", "EvalSpec", "EvalSuite", "HarnessSpec", "JudgeReward", "JudgeSpec",
-    "NextTurnRule", "NextTurnSpec", "RecipeSpec",
-    "RewardError", "RewardFn", "Scenario", "ScenarioError", "Score", "Task", "all_scenarios", "eval_suite",
+    "ENTRY_POINT_GROUP", "CanaryConfig", "Environment", "EnvironmentSpec", "EpisodeState", "EvalSpec", "EvalSuite",
+    "HarnessSpec", "JudgeReward", "JudgeSpec", "NextTurnRule", "NextTurnSpec", "RecipeSpec",
+    "RewardError", "RewardFn", "Scenario", "ScenarioError", "Score", "Task", "ToolCall", "ToolEnvironmentError",
+    "all_scenarios", "environment_for", "eval_suite",
     "get_scenario", "load_tasks", "packaged_scenarios", "parse_judge_score", "reward_for", "training_tasks",
 ]

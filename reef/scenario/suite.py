@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reef.scenario.environment import Environment
 from reef.scenario.reward import RewardFn, Score
 
 Task = dict[str, Any]
@@ -91,6 +92,8 @@ class EvalSuite:
     seed: int = 0
     name: str = ""
     unscored: list[str] = field(default_factory=list)
+    environment: Environment | None = None  # set: each reply is an episode's final answer (tools executed)
+    max_turns: int = 1
 
     @property
     def prompts(self) -> list[list[dict[str, Any]]]:
