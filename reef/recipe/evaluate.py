@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe.spec import CANDIDATE_FILE
-from reef.scenario import EvalSuite, Scenario, Score, eval_suite, get_scenario
+from reef.scenario import Environment, EpisodeState, EvalSuite, Scenario, Score, eval_suite, get_scenario
+from reef.scenario.environment import parse_reply
 
 
 def declared_scenario(scenario: str) -> Scenario:
@@ -78,3 +79,21 @@ def replies(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts:
         texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
         out += [texts[i : i + samples] for i in range(0, len(texts), samples)]
     return out
+
+
+def episode_replies(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[dict[str, Any]],
+                    environment: Environment, max_turns: int, *, samples: int, temperature: float, seed: int,
+                    max_new_tokens: int = 16, batch_size: int = 32) -> list[list[str]]:
+    """`samples` episodes per task (model -> tool calls executed by `environment` -> model ...) with
+    `replies`, every unfinished episode of a turn in one batch; each episode's final reply text."""
+    states = [[EpisodeState(task, environment, max_turns) for _ in range(samples)] for task in tasks]
+    flat = [state for group in states for state in group]
+    turn = 0
+    while active := [state for state in flat if not state.done]:
+        texts = replies(model, tokenizer, [s.messages for s in active], samples=1, temperature=temperature,
+                        seed=seed + turn, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                        tools=[s.task.get("tools") for s in active])
+        for state, (text,) in zip(active, texts, strict=True):
+            state.advance(parse_reply(text))
+        turn += 1
+    return [[state.reply or "" for state in group] for group in states]

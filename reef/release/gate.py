@@ -2,7 +2,9 @@
 scenario's eval suite.
 
 Both answer every eval task `samples` times with the scenario's `max_new_tokens` and temperature;
-a task's success is the mean reward of its scored replies. Through the serving engine (`engine`:
+a task's success is the mean reward of its scored replies. A scenario with an `environment` is
+answered in episodes: its tool calls are executed and the model goes on until its final answer,
+which is what the reward scores (reef.scenario.environment). Through the serving engine (`engine`:
 vLLM's OpenAI server) when the candidate is a LoRA: it is loaded under a temporary adapter name
 (reef.release.gate_engine). Full-weight candidates, and every gate without an engine, sample with
 transformers instead: one engine cannot hold two sets of full weights on CPU. The per-task
@@ -122,7 +124,7 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
     import torch
     from tqdm.auto import tqdm
 
-    from reef.recipe.evaluate import load_model, replies
+    from reef.recipe.evaluate import episode_replies, load_model, replies
 
     tools = [t.get("tools") for t in suite.tasks] if any(t.get("tools") for t in suite.tasks) else None
     threads = torch.get_num_threads()
@@ -135,9 +137,14 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
             if weights not in loaded:  # a harness candidate runs on the head's weights: load them once
                 loaded = {weights: load_model(weights.model, weights.adapter)}
             model, tokenizer = loaded[weights]
-            prompts = [t["messages"] for t in arm_tasks[arm]]
-            outputs[arm] = replies(model, tokenizer, prompts, samples=samples, temperature=suite.temperature,
-                                   seed=suite.seed, max_new_tokens=suite.max_new_tokens, tools=tools)
+            if suite.environment is not None:  # multi-turn: the environment executes the tool calls
+                outputs[arm] = episode_replies(model, tokenizer, arm_tasks[arm], suite.environment, suite.max_turns,
+                                               samples=samples, temperature=suite.temperature, seed=suite.seed,
+                                               max_new_tokens=suite.max_new_tokens)
+            else:
+                prompts = [t["messages"] for t in arm_tasks[arm]]
+                outputs[arm] = replies(model, tokenizer, prompts, samples=samples, temperature=suite.temperature,
+                                       seed=suite.seed, max_new_tokens=suite.max_new_tokens, tools=tools)
             if arm == "candidate" and config.probe_tokens:
                 probe = replies(model, tokenizer, suite.prompts[:1], samples=1, temperature=0.0, seed=0,
                                 max_new_tokens=config.probe_tokens)[0][0]
@@ -157,9 +164,13 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
         bar = tqdm(total=2 * len(suite.tasks), desc="gate (engine)", disable=not progress)
 
         async def one(arm: str, i: int) -> list[str]:
-            got = await session.sample(names[arm], dict(arm_tasks[arm][i]), samples=samples,
-                                       max_tokens=suite.max_new_tokens, temperature=suite.temperature,
-                                       seed=suite.seed + i)
+            settings = {"samples": samples, "max_tokens": suite.max_new_tokens, "temperature": suite.temperature,
+                        "seed": suite.seed + i}
+            if suite.environment is not None:
+                got = await session.episodes(names[arm], dict(arm_tasks[arm][i]), suite.environment,
+                                             suite.max_turns, **settings)
+            else:
+                got = await session.sample(names[arm], dict(arm_tasks[arm][i]), **settings)
             bar.update(1)
             return got
 

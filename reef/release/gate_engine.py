@@ -9,14 +9,14 @@ process killed outright leaves its adapter behind under a name carrying its pid;
 unloads adapters whose process is gone.
 
 Each task is one request with `n` = samples, the task's messages and tools as they are, and a
-per-task `seed`, so a rerun samples the same replies and both arms share their random numbers.
+per-task `seed`, so a rerun samples the same replies and both arms share their random numbers. A
+task of a scenario with an environment is `samples` episodes, one request per episode and turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import httpx
 
 from reef.engine.weights import EngineWeights
+from reef.scenario.environment import Environment, EpisodeState, reply_text
 
 TEMP_PREFIX = "reef-gate-"
 _TEMP_NAME = re.compile(rf"^{TEMP_PREFIX}(\d+)-")
@@ -75,20 +76,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def reply_text(message: dict[str, Any]) -> str:
-    """A chat reply as the reward sees it: the content, then each tool call the way Hermes-style
-    templates write them (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`)."""
-    text = message.get("content") or ""
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        try:
-            arguments = json.loads(fn.get("arguments") or "{}")
-        except ValueError:
-            arguments = fn.get("arguments")
-        text += f"\n<tool_call>\n{json.dumps({'name': fn.get('name'), 'arguments': arguments})}\n</tool_call>"
-    return text
 
 
 class EngineSession:
@@ -178,7 +165,29 @@ class EngineSession:
 
     async def sample(self, model: str, task: dict[str, Any], *, samples: int, max_tokens: int, temperature: float,
                      seed: int) -> list[str]:
-        body: dict[str, Any] = {"model": model, "messages": task["messages"], "n": samples, "max_tokens": max_tokens,
+        choices = await self._choices(model, task, task["messages"], samples=samples, max_tokens=max_tokens,
+                                      temperature=temperature, seed=seed)
+        return [reply_text(message) for message in choices]
+
+    async def episodes(self, model: str, task: dict[str, Any], environment: Environment, max_turns: int, *,
+                       samples: int, max_tokens: int, temperature: float, seed: int) -> list[str]:
+        """`samples` episodes of a task with an environment, each its own request per turn (they
+        diverge after the first reply); each one's final reply text."""
+        states = [EpisodeState(task, environment, max_turns) for _ in range(samples)]
+
+        async def run(k: int, state: EpisodeState) -> None:
+            while not state.done:
+                message = (await self._choices(model, task, state.messages, samples=1, max_tokens=max_tokens,
+                                               temperature=temperature,
+                                               seed=seed + 100_003 * k + 1_009 * state.turns))[0]
+                await asyncio.to_thread(state.advance, message)  # a tool may block (a real command, a request)
+
+        await asyncio.gather(*(run(k, state) for k, state in enumerate(states)))
+        return [state.reply or "" for state in states]
+
+    async def _choices(self, model: str, task: dict[str, Any], messages: list[dict[str, Any]], *, samples: int,
+                       max_tokens: int, temperature: float, seed: int) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"model": model, "messages": messages, "n": samples, "max_tokens": max_tokens,
                                 "temperature": temperature, "top_p": 1.0, "top_k": 0, "seed": seed}
         if task.get("tools"):
             body["tools"] = task["tools"]
@@ -191,8 +200,7 @@ class EngineSession:
                 response = await self._chat({**body, "tool_choice": "none"})
         if response.status_code != 200:
             raise GateEngineError(f"{model} answered HTTP {response.status_code}: {response.text[:300]}")
-        choices = sorted(response.json()["choices"], key=lambda c: c["index"])
-        return [reply_text(c["message"]) for c in choices]
+        return [c["message"] for c in sorted(response.json()["choices"], key=lambda c: c["index"])]
 
     async def _chat(self, body: dict[str, Any]) -> httpx.Response:
         try:
