@@ -40,8 +40,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.practice import describe, practice_tasks
-from reef.recipe.rollout import chat_prompt_ids, group_advantages, policy_gradient_loss, sample
-from reef.scenario import Task, reward_for
+from reef.recipe.rollout import chat_prompt_ids, group_advantages, policy_gradient_loss, sample_tasks
+from reef.scenario import Task, environment_for, reward_for
 
 PROPOSER_SYSTEM = "You choose the next problem to practise: one you solve sometimes, but not always."
 PROPOSER_HEAD = "Problem "
@@ -134,6 +134,8 @@ class SelfPlay(Recipe):
         scenario = self.scenario()
         pool, left_out = practice_tasks(scenario)
         reward = reward_for(scenario)
+        environment = environment_for(scenario)  # episodes: the environment executes the tool calls
+        max_turns = scenario.environment.max_turns if scenario.environment else 1
         if len(pool) < 2:
             raise ValueError(f"self_play: scenario {scenario.name!r} has {len(pool)} practice task(s); "
                              "the proposer needs at least 2 to choose from")
@@ -149,10 +151,9 @@ class SelfPlay(Recipe):
             p_prompts = [proposer.prompt_ids([pool[i] for i in menu]) for menu in menus]
             chosen = proposer.choose(model, p_prompts, c.temperature, c.max_length)
             picked = [menu[k] for menu, k in zip(menus, chosen, strict=True)]
-            attempts = sample(model, tokenizer, [chat_prompt_ids(tokenizer, pool[i]["messages"], pool[i].get("tools"))
-                                                 for i in picked],
-                              c.solve_attempts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                              max_length=c.max_length)
+            attempts = sample_tasks(model, tokenizer, [pool[i] for i in picked], c.solve_attempts,
+                                    environment=environment, max_turns=max_turns, max_new_tokens=c.max_new_tokens,
+                                    temperature=c.temperature, max_length=c.max_length)
             flat = reward([pool[i] for i, group in zip(picked, attempts, strict=True) for _ in group],
                           [r.text for group in attempts for r in group])
             scores: list[list[float | None]] = []

@@ -36,8 +36,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.practice import find_task
-from reef.recipe.rollout import Rollout, chat_prompt_ids, policy_gradient_loss, sample
-from reef.scenario import RewardFn, Task, reward_for
+from reef.recipe.rollout import Rollout, policy_gradient_loss, sample_tasks
+from reef.scenario import RewardFn, Task, environment_for, reward_for
 from reef.scenario.reward import function_reward
 
 
@@ -86,7 +86,9 @@ class TTT(Recipe):
         assert isinstance(c, TTTConfig)
         task, task_index, reward = self.problem()
         unscored = 0
-        prompt = chat_prompt_ids(tokenizer, task["messages"])
+        scenario = self.scenario()
+        environment = environment_for(scenario)  # episodes: the environment executes the tool calls
+        max_turns = scenario.environment.max_turns if scenario.environment else 1
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=c.learning_rate,
                                       weight_decay=0.0)
         # text -> entry; a solution found again counts as a hit, not a new entry
@@ -98,8 +100,9 @@ class TTT(Recipe):
         for step in range(c.max_steps):
             if c.time_budget_s is not None and time.monotonic() - start > c.time_budget_s:
                 break
-            drawn = sample(model, tokenizer, [prompt], c.samples_per_round, max_new_tokens=c.max_new_tokens,
-                           temperature=c.temperature, max_length=c.max_length)[0]
+            drawn = sample_tasks(model, tokenizer, [task], c.samples_per_round, environment=environment,
+                                 max_turns=max_turns, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                                 max_length=c.max_length)[0]
             scored = reward([task] * len(drawn), [r.text for r in drawn])
             unscored += sum(s.value is None for s in scored)
             fresh = [r for r, s in zip(drawn, scored, strict=True) if s.value is not None]

@@ -1,5 +1,7 @@
 """Self-generated experience for recipes that need no recorded traffic (test-time training,
 self-play): sample completions with their token ids, and take on-policy policy-gradient steps.
+For a scenario with an environment, `sample_episodes` samples whole episodes (the model's turns,
+the tool results in between) as one completion whose tool results are context, not actions.
 
 The loss is online_rl's objective without the importance ratio: samples are drawn from the very
 weights the next step updates (one optimizer step per fresh batch), so the ratio is exactly 1 at
@@ -75,6 +77,70 @@ def sample(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: 
             out.append(group)
     model.train(was_training)
     return out
+
+
+def _between_turns(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], reply_at: int,
+                   tools: list[dict[str, Any]] | None) -> list[int]:
+    """The ids the chat template puts after the model's reply `messages[reply_at]` (past its end
+    token) up to the next generation prompt: the tool results and the turn markup."""
+    eos = tokenizer.eos_token
+    done = tokenizer.apply_chat_template(list(messages[: reply_at + 1]), tools=tools, tokenize=False)
+    full = tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
+    if not full.startswith(done):
+        raise ValueError("the chat template renders a conversation's start differently once it goes on")
+    tail = done[done.rfind(eos) + len(eos):] if eos and eos in done else ""
+    return tokenizer.encode(tail + full[len(done):], add_special_tokens=False)
+
+
+def sample_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[dict[str, Any]],
+                    environment: Any, max_turns: int, n: int, *, max_new_tokens: int, temperature: float = 1.0,
+                    batch_size: int = 64, max_length: int | None = None) -> list[list[Rollout]]:
+    """`n` episodes per task (reef.scenario.environment): each model turn sampled by `sample` on
+    exactly the ids the episode holds so far, the tool calls executed by `environment`. A rollout's
+    completion is every turn after the task's prompt; `action_mask` is 1 on the model's own tokens
+    (tool results and template tokens are 0), `text` is the final reply the reward scores."""
+    from reef.scenario import EpisodeState
+    from reef.scenario.environment import parse_reply
+
+    eos = tokenizer.eos_token_id
+    states = [[EpisodeState(task, environment, max_turns) for _ in range(n)] for task in tasks]
+    flat = [state for group in states for state in group]
+    prompts = [chat_prompt_ids(tokenizer, s.messages, s.task.get("tools")) for s in flat]
+    completions: list[list[int]] = [[] for _ in flat]
+    masks: list[list[int]] = [[] for _ in flat]
+    while active := [k for k, s in enumerate(flat) if not s.done]:
+        got = sample(model, tokenizer, [prompts[k] + completions[k] for k in active], 1,
+                     max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
+                     max_length=max_length)
+        for k, (turn,) in zip(active, got, strict=True):
+            state = flat[k]
+            completions[k] += turn.completion_ids
+            masks[k] += [1] * len(turn.completion_ids)
+            reply_at = len(state.messages)
+            if state.advance(parse_reply(turn.text)):  # tool results came back: the episode goes on
+                context = ([eos] if turn.completion_ids[-1:] != [eos] else []) + _between_turns(
+                    tokenizer, state.messages, reply_at, state.task.get("tools"))
+                completions[k] += context
+                masks[k] += [0] * len(context)
+    out, at = [], 0
+    for group in states:
+        out.append([Rollout(prompts[at + j], completions[at + j], s.reply or "", masks[at + j])
+                    for j, s in enumerate(group)])
+        at += len(group)
+    return out
+
+
+def sample_tasks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[dict[str, Any]], n: int,
+                 *, environment: Any = None, max_turns: int = 1, max_new_tokens: int, temperature: float = 1.0,
+                 batch_size: int = 64, max_length: int | None = None) -> list[list[Rollout]]:
+    """`n` rollouts per scenario task: episodes through the scenario's `environment` when it has
+    one (`reef.scenario.environment_for`), else one reply to the task's chat (with its tools)."""
+    if environment is not None:
+        return sample_episodes(model, tokenizer, tasks, environment, max_turns, n, max_new_tokens=max_new_tokens,
+                               temperature=temperature, batch_size=batch_size, max_length=max_length)
+    prompts = [chat_prompt_ids(tokenizer, t["messages"], t.get("tools")) for t in tasks]
+    return sample(model, tokenizer, prompts, n, max_new_tokens=max_new_tokens, temperature=temperature,
+                  batch_size=batch_size, max_length=max_length)
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 1e-4) -> list[float]:
