@@ -9,12 +9,18 @@ doubt "Are you sure? Check it and answer again.", a right one "Thanks, that's ri
 says only what such a user knows (right or wrong), never the expected answer; `reactions` bounds how
 many times one user reacts (a doubt asks the model again; a thank-you ends the conversation after
 its reply). A reply the reward cannot score gets no report (counted as `unscored`) and no reaction.
+
+For a scenario with an `environment`, each user is an agent instead: its session (`x-reef-session`)
+runs model turns until the final answer, the environment executing every tool call on the client
+side in between, and the session is reported as a whole (`session_id`) with the final answer's
+score. Then `requests` is the number of sessions; `summary.requests` counts model calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +29,16 @@ import httpx
 import openai
 from tqdm.auto import tqdm
 
-from reef.scenario import Scenario, Task, get_scenario, reward_for, training_tasks
+from reef.scenario import (
+    Environment,
+    EpisodeState,
+    Scenario,
+    Task,
+    environment_for,
+    get_scenario,
+    reward_for,
+    training_tasks,
+)
 from reef.scenario.reward import RewardFn
 
 if TYPE_CHECKING:
@@ -101,6 +116,39 @@ async def _one_user(
         summary.sessions[record_ids[0]] = record_ids
 
 
+async def _one_agent(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, model: str, task: Task, reward: RewardFn,
+    environment: Environment, max_turns: int, summary: SimulationSummary, temperature: float, max_tokens: int,
+) -> None:
+    """One agent session: model turns through the gateway, the tool calls executed here by the
+    scenario's environment (as a real agent's client executes them), then one report for the whole
+    session on its final answer."""
+    session_id = f"sim-{uuid.uuid4().hex}"
+    state = EpisodeState(task, environment, max_turns)
+    extra = {"tools": task["tools"]} if task.get("tools") else {}
+    record_ids = []
+    while not state.done:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=state.messages, max_tokens=max_tokens, temperature=temperature,  # type: ignore[arg-type]
+            extra_headers={"x-reef-session": session_id}, **extra,  # type: ignore[arg-type]
+        )
+        record_ids.append(raw.headers["x-reef-agent-record-id"])
+        summary.requests += 1
+        await asyncio.to_thread(state.advance, raw.parse().choices[0].message.model_dump(exclude_none=True))
+    score = (await asyncio.to_thread(reward, [task], [state.reply or ""]))[0]
+    summary.sessions[record_ids[0]] = record_ids
+    if score.value is None:
+        summary.unscored += 1
+        return
+    metadata = {"turns": state.turns, "tool_calls": state.tool_calls,
+                **({"task_id": task["task_id"]} if "task_id" in task else {})}
+    resp = await http.post("/reef/report", json={"session_id": session_id, "score": score.value,
+                                                 "feedback": score.feedback, "metadata": metadata})
+    resp.raise_for_status()
+    summary.reports += 1
+    summary.scores.append(score.value)
+
+
 def _declared(scenario: str | Scenario, config: ServeConfig | None) -> Scenario:
     return scenario if isinstance(scenario, Scenario) else get_scenario(scenario, config)
 
@@ -125,23 +173,28 @@ async def simulate_async(
     rng = random.Random(seed)
     summary = SimulationSummary(scenario)
     limit = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=requests, desc=f"simulating {scenario}", unit="chat", disable=not progress)
+    agents = declared.environment is not None  # then `requests` is the number of sessions
+    bar = tqdm(total=requests, desc=f"simulating {scenario}", unit="session" if agents else "chat",
+               disable=not progress)
     budget = [requests]  # chats left to send, shared by all users
     try:
         model = (await client.models.list()).data[0].id
         reward = reward_for(declared, url, model)  # a judge without a url of its own asks this gateway
+        environment = environment_for(declared)
 
         async def user(i: int) -> None:
             async with limit:
                 try:
-                    if budget[0] <= 0:
-                        return
-                    react = reactions if rng.random() < follow_up_share else 0
-                    await _one_user(client, http, model, tasks[i % len(tasks)], reward, react, summary,
-                                    temperature, max_tokens, report, budget)
+                    if environment is not None and declared.environment is not None:
+                        await _one_agent(client, http, model, tasks[i % len(tasks)], reward, environment,
+                                         declared.environment.max_turns, summary, temperature, max_tokens)
+                    elif budget[0] > 0:
+                        react = reactions if rng.random() < follow_up_share else 0
+                        await _one_user(client, http, model, tasks[i % len(tasks)], reward, react, summary,
+                                        temperature, max_tokens, report, budget)
                 except (openai.APIError, httpx.HTTPError):
                     summary.errors += 1
-                bar.update(summary.requests - bar.n)
+                bar.update((len(summary.sessions) if agents else summary.requests) - bar.n)
 
         await asyncio.gather(*(user(i) for i in range(requests)))
     finally:
