@@ -1,0 +1,165 @@
+"""The bundled multi-turn tool scenario (examples/shop): its environment executes the agent's tool
+calls in episodes (unit), the rollout helper's masks cover exactly the model's own tokens, and, with
+the real engine, agent sessions recorded through the gateway (the client executes the tools, as a
+real agent would) and reported per session teach the model to call the tool (rft on whole
+sessions, gated on held-out items)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.config import resolve
+from reef.recipe import Snapshot, load_recipe
+from reef.scenario import EpisodeState, Scenario, ScenarioError, environment_for, eval_suite, get_scenario
+from reef.scenario.environment import parse_reply
+from tests.conftest import MODEL_NAME, REPO, Gateway
+from tests.test_gateway import _flushed
+
+SHOP = REPO / "examples" / "shop"
+
+
+@pytest.fixture(scope="module")
+def shop() -> Scenario:
+    config, _ = resolve(config_file=SHOP / "serve.yaml")
+    return get_scenario("shop", config)
+
+
+def _call(item: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "price", "arguments": json.dumps({"item": item})}}]}
+
+
+def test_an_episode_runs_the_tool_and_ends_at_the_answer(shop: Scenario) -> None:
+    suite = eval_suite(shop)
+    task = suite.tasks[0]
+    state = EpisodeState(task, environment_for(shop), shop.environment.max_turns)
+    results = state.advance(_call(task["item"]))
+    assert results == [{"role": "tool", "tool_call_id": "c1", "content": f"{task['item']}: {task['price']}"}]
+    assert not state.done and state.messages[-2]["tool_calls"][0]["function"]["name"] == "price"
+    assert state.advance({"role": "assistant", "content": f"Answer: {task['price']}"}) == []
+    assert state.done and state.turns == 2 and state.tool_calls == 1
+    assert [s.value for s in suite.reward([task], [state.reply])] == [1.0]
+    # The environment answers what was asked: another item gets an error, not this task's price.
+    wrong = EpisodeState(task, environment_for(shop), 3)
+    assert "error" in wrong.advance(_call("no-such-item"))[0]["content"]
+    # max_turns bounds an agent that never stops calling: its last call is the (unscorable-as-right) reply.
+    looping = EpisodeState(task, environment_for(shop), 2)
+    looping.advance(_call(task["item"]))
+    assert looping.advance(_call(task["item"])) == [] and looping.done and "<tool_call>" in looping.reply
+    assert [s.value for s in suite.reward([task], [looping.reply])] == [0.0]
+
+
+def test_parse_reply_reads_hermes_tool_calls() -> None:
+    msg = parse_reply('<tool_call>{"name": "price", "arguments": {"item": "lamp"}}</tool_call>')
+    assert msg["content"] is None and msg["tool_calls"][0]["function"] == {"name": "price",
+                                                                         "arguments": '{"item": "lamp"}'}
+    assert parse_reply("Answer: 12") == {"role": "assistant", "content": "Answer: 12"}
+    broken = '<tool_call>{"name": "price", "arguments": {"item": </tool_call>'
+    assert parse_reply(broken) == {"role": "assistant", "content": broken}
+
+
+def test_the_environment_is_declared_like_a_reward(tmp_path: Path) -> None:
+    s = Scenario(name="x", environment="shop_env:Shop", base_dir=tmp_path)
+    assert s.environment is not None and s.environment.factory == "shop_env:Shop" and s.environment.max_turns == 4
+    with pytest.raises(ScenarioError, match="environment"):
+        environment_for(s)  # no such module next to it
+    (tmp_path / "shop_env.py").write_text("class Shop:\n    pass\n")
+    with pytest.raises(ScenarioError, match="execute"):
+        environment_for(s.model_copy(update={"environment": s.environment.model_copy(
+            update={"factory": "shop_env:Shop"})}))
+    assert Scenario(name="y").environment is None and environment_for(Scenario(name="y")) is None
+
+
+def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path) -> None:
+    """Self-generated experience: every episode is one completion; the model's turns are actions,
+    the tool result and the turn markup around it are context."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reef.recipe.rollout import chat_prompt_ids, sample_episodes
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
+    tasks = eval_suite(shop).tasks[:8]
+    torch.manual_seed(0)
+    groups = sample_episodes(model, tokenizer, tasks, environment_for(shop), 3, 4, max_new_tokens=32)
+    called = 0
+    for task, group in zip(tasks, groups, strict=True):
+        for r in group:
+            assert r.prompt_ids == chat_prompt_ids(tokenizer, task["messages"], task["tools"])
+            assert len(r.mask) == len(r.completion_ids)
+            context = tokenizer.decode([t for t, m in zip(r.completion_ids, r.mask, strict=True) if m == 0])
+            actions = tokenizer.decode([t for t, m in zip(r.completion_ids, r.mask, strict=True) if m == 1])
+            if "<tool_call>" in actions and r.text and "<tool_call>" not in r.text:
+                called += 1
+                assert f"{task['item']}: {task['price']}" in context or "error" in context
+                assert "<|im_start|>tool" in context and str(task["price"]) not in actions.split("</tool_call>")[0]
+            else:
+                assert not context.replace("<|im_end|>", "")  # a one-turn episode has no context tokens
+    assert called > 0, "the base model called the tool in none of 32 episodes"
+
+
+def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenario) -> None:
+    """vLLM parses the model's call (hermes), the environment executes it, the model goes on to a
+    final answer. Seeded per task, sample and turn: a rerun gives the same episodes."""
+    import asyncio
+
+    from reef.release.gate_engine import EngineSession, GateEngine, run_session
+
+    suite = eval_suite(shop)
+    tasks = suite.tasks[:24]
+    env = environment_for(shop)
+    calls: list[tuple[dict, str]] = []
+
+    class Counting:
+        def execute(self, task: dict, call: object) -> str:
+            result = env.execute(task, call)
+            calls.append((task, result))
+            return result
+
+    async def body(session: EngineSession) -> list[list[str]]:
+        return list(await asyncio.gather(*(session.episodes(MODEL_NAME, t, Counting(), 3, samples=4, max_tokens=32,
+                                                            temperature=1.0, seed=i) for i, t in enumerate(tasks))))
+
+    got = run_session(GateEngine(vllm_url, MODEL_NAME), 32, body)
+    assert calls, "no episode called the tool"
+    assert all(r == f"{t['item']}: {t['price']}" or r.startswith("error") for t, r in calls)
+    assert [len(g) for g in got] == [4] * len(tasks) and all("<|im_start|>" not in r for g in got for r in g)
+    first = len(calls)
+    assert run_session(GateEngine(vllm_url, MODEL_NAME), 32, body) == got and len(calls) == 2 * first
+
+
+def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory,
+                                                         shop: Scenario, tiny: Path) -> None:
+    """Simulated agents through the gateway (the client executes price(item) via the scenario's
+    environment, one x-reef-session per run, one session report on the final answer); rft on the
+    whole rewarded sessions (masked loss) lifts held-out success on items never in the traffic."""
+    from reef.release.gate import GateConfig, Weights, gate_weights
+    from reef.traffic.simulate import simulate
+
+    summary = simulate(gateway.url, shop, requests=192, concurrency=16, seed=0, progress=False)
+    assert summary.errors == 0 and summary.reports == 192
+    multi = [ids for ids in summary.sessions.values() if len(ids) > 1]
+    assert multi, "no simulated agent called the tool"
+    _flushed(gateway)
+    first, second = (httpx.get(f"{gateway.url}/reef/records/{r}", headers={"x-reef-scenario": "shop"}).json()
+                     for r in multi[0][:2])
+    assert first["choices"][0]["tool_calls"][0]["name"] == "price"
+    assert second["messages"][-1]["role"] == "tool"
+    assert second["gen_ai.conversation.id"] == first["gen_ai.conversation.id"]
+    recipe = load_recipe("rft", {"scenario": "shop", "base_model": str(tiny), "trajectories": True,
+                                 "drop_duplicates": False, "max_steps": 30, "learning_rate": 5e-4},
+                         declared=shop)
+    snap = Snapshot.create("shop", gateway.data_dir, recipe.experience(), root=tmp_path_factory.mktemp("snap"),
+                           ledger_root=tmp_path_factory.mktemp("ledger"))
+    assert snap.trajectories()["turns"].max() >= 2
+    candidate = recipe.run(snap, out_root=tmp_path_factory.mktemp("cand"), progress=False)
+    suite = eval_suite(shop)
+    suite.tasks = suite.tasks[:40]
+    result = gate_weights(Weights.of_folder(candidate.path), Weights(tiny), suite, GateConfig(samples=4),
+                          progress=False)
+    assert result.decision == "select", result.reason
+    assert result.candidate_success >= result.head_success + 0.2, result.reason
