@@ -3,9 +3,12 @@
     .venv/bin/python bench/learning.py [--scenarios demo-add,reviews] [--rounds 3] [--requests 512]
                                        [--recipe rft] [--param max_steps=30]
 
-Scenarios, side by side in one run and one server: `demo-add` (packaged, single-digit addition)
-and `reviews` (examples/reviews, declared only in that folder's serve.yaml: classify a product
-review, TRL-style reward function). Per scenario, loop: start `reef serve` (managed vLLM,
+Scenarios, side by side in one run and one server: `demo-add` (packaged, single-digit addition),
+`reviews` (examples/reviews, declared only in that folder's serve.yaml: classify a product
+review, TRL-style reward function) and `shop` (examples/shop: a multi-turn tool scenario; each
+simulated user is an agent whose client executes the `price` tool calls through the scenario's
+environment, and reports the session; rft trains on whole sessions, `trajectories: true`).
+Per scenario, loop: start `reef serve` (managed vLLM,
 embedded tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
 the OpenAI SDK -> wait until the gateway has flushed them -> one learning round with the framework
 (Snapshot.create on the serve data dir, recipe.run, evaluate on the scenario's 80 held-out
@@ -24,7 +27,7 @@ learns from those next turns alone (target: >= 60 % held-out).
 Then, for demo-add, plain TRL `GRPOTrainer` (no vLLM: TRL generates with transformers) trains the
 base model on the same number of samples (prompts x completions) as the loop recorded, with the
 demo verifier as reward, and is evaluated the same way. Targets: base <= 30 % on each scenario,
-best candidate >= 80 % on demo-add and >= 70 % on reviews. Results: bench/out/learning.json and
+best candidate >= 80 % on demo-add and >= 70 % on reviews and shop. Results: bench/out/learning.json and
 bench/out/learning.png.
 """
 
@@ -66,9 +69,12 @@ from reef.traffic.simulate import simulate  # noqa: E402
 TINY = REPO / "data" / "models" / "tiny"
 EXAMPLES = REPO / "examples"
 NEXT_TURN = "demo-add-next-turn"  # demo-add with reports off, learning from the users' next turns
-TARGETS = {"demo-add": 0.80, "reviews": 0.70, NEXT_TURN: 0.60}  # best held-out success; base <= 30 % for all
+TARGETS = {"demo-add": 0.80, "reviews": 0.70, NEXT_TURN: 0.60, "shop": 0.70}  # best held-out; base <= 30 % for all
 # How the next-turn arm's users behave: no reports, every user reacts (at most twice).
 NEXT_TURN_USERS = {"report": False, "follow_up_share": 1.0, "reactions": 2}
+# Recipe params a scenario needs, where the recipe has them: the tool scenario's traffic is agent
+# sessions (call, tool result, answer), trained on whole (the loss on the model's own tokens).
+SCENARIO_PARAMS: dict[str, dict[str, Any]] = {"shop": {"trajectories": True, "drop_duplicates": False}}
 OUT = REPO / "bench" / "out"
 # Base-model files that are weights or build metadata: a trained model folder writes its own.
 _NOT_COPIED = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "reef-model.json"}
@@ -167,9 +173,15 @@ def quiet(log: Path) -> Iterator[None]:
 def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path, args: argparse.Namespace,
                    overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], float, float]:
     """Snapshot the new traffic, train a candidate on it, evaluate it on the held-out prompts."""
+    from dataclasses import fields
+
+    from reef.recipe.registry import resolve as resolve_recipe
+
     ref, overrides = ("next_turn", parse_overrides(args.next_turn_param)) if scenario == NEXT_TURN else (
         args.recipe, overrides)
-    params = {"scenario": scenario, "base_model": str(base), "seed": r, **overrides}
+    known = {f.name for f in fields(resolve_recipe(ref).config_class)}
+    needed = {k: v for k, v in SCENARIO_PARAMS.get(scenario, {}).items() if k in known}
+    params = {"scenario": scenario, "base_model": str(base), "seed": r, **needed, **overrides}
     recipe = load_recipe(ref, params)
     snap = Snapshot.create(scenario, data_dir, recipe.experience(), root=work / "snapshots",
                            ledger_root=work / "ledger")
@@ -326,7 +338,7 @@ def report(result: Result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="demo-add,reviews",
+    parser.add_argument("--scenarios", default="demo-add,reviews,shop",
                         help="comma-separated; a name with a folder in examples/ is declared by its serve.yaml")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=512, help="simulated chats per round")
