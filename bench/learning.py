@@ -5,9 +5,10 @@
 
 Scenarios, side by side in one run and one server: `demo-add` (packaged, single-digit addition),
 `reviews` (examples/reviews, declared only in that folder's serve.yaml: classify a product
-review, TRL-style reward function) and `shop` (examples/shop: a multi-turn tool scenario; each
-simulated user is an agent whose client executes the `price` tool calls through the scenario's
-environment, and reports the session; rft trains on whole sessions, `trajectories: true`).
+review, TRL-style reward function); `--scenarios shop` adds examples/shop (a multi-turn tool
+scenario; each simulated user is an agent whose client executes the `price` tool calls through the
+scenario's environment, and reports the session; rft trains on whole sessions, `trajectories:
+true`; not in the default list: the embedded model cannot learn it yet, see reef/demo/shop.py).
 Per scenario, loop: start `reef serve` (managed vLLM,
 embedded tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
 the OpenAI SDK -> wait until the gateway has flushed them -> one learning round with the framework
@@ -27,7 +28,7 @@ learns from those next turns alone (target: >= 60 % held-out).
 Then, for demo-add, plain TRL `GRPOTrainer` (no vLLM: TRL generates with transformers) trains the
 base model on the same number of samples (prompts x completions) as the loop recorded, with the
 demo verifier as reward, and is evaluated the same way. Targets: base <= 30 % on each scenario,
-best candidate >= 80 % on demo-add and >= 70 % on reviews and shop. Results: bench/out/learning.json and
+best candidate >= 80 % on demo-add and >= 70 % on reviews (and on shop). Results: bench/out/learning.json and
 bench/out/learning.png.
 """
 
@@ -338,7 +339,7 @@ def report(result: Result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="demo-add,reviews,shop",
+    parser.add_argument("--scenarios", default="demo-add,reviews",
                         help="comma-separated; a name with a folder in examples/ is declared by its serve.yaml")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=512, help="simulated chats per round")

@@ -17,6 +17,11 @@ followed by a price copied from a tool result (a guessing teacher kept the 1M-pa
 learning the copy at all: it answered random prices even after the tool's result).
 Items are split once, by a fixed seed, into train and held-out ones: the example's eval file only
 asks about held-out items, its task file only about train ones.
+
+NOT registered as a `reef.corpus` part yet: in two builds (a guessing teacher, then this one) the
+1M-parameter model learned the call (it copies the item into the arguments) but not the copy of a
+two-digit price from the tool result into the answer, so base and trained success stayed ~0 %.
+Next to try: one-digit prices (a one-token copy, like the item) or more copy examples.
 """
 
 from __future__ import annotations
