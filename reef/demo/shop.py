@@ -5,7 +5,7 @@
 The user asks what an item costs; the price is random per task, so it is only knowable from the
 `price(item)` tool. A right episode is two model turns: the call
 (`<tool_call>{"name": "price", "arguments": {"item": "lamp"}}</tool_call>`), then, after the tool's
-result (`lamp: 42`), the answer `Answer: 42`. The scenario's environment (examples/shop/environment.py)
+result (`lamp: 42`), the answer `Answer: 42`. The scenario's environment (examples/shop/shop_environment.py)
 executes the call; its reward scores the final answer.
 
 The corpus teaches the episode correctly in stage "learn", then, in "calibrate", with a teacher that
