@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 	if [ "$(ENGINE)" = "cpu" ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
 	touch $(STAMP)
 
+# The embedded default model, built from scratch (~5 min on 2 cores); rebuilt only when the corpus
+# (every installed `reef.corpus` part), seed or step count changed.
 model: $(STAMP)
-	$(BIN)/reef model build-tiny --out data/models/tiny
+	$(BIN)/reef model build-tiny --out data/models/tiny --if-stale
 
 demo: $(STAMP)
 	$(BIN)/python -m reef.demo.run
@@ -51,7 +53,7 @@ $(PI_DIR)/.installed-$(PI_VERSION):
 	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
 	touch $@
 
-test: $(STAMP) chromium pi
+test: $(STAMP) chromium pi model
 	$(BIN)/pytest -q -ra tests notebooks --nbmake
 
 # JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.

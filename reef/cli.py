@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny = model.add_parser("build-tiny", help="train the tiny default model from scratch")
     tiny.add_argument("--out", type=Path, default=Path("data/models/tiny"))
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--if-stale", action="store_true",
+                      help="build only when --out lacks the model this corpus and seed give")
 
     status = sub.add_parser("status", help="what a running server records and serves")
     status.add_argument("--url", default=DEFAULT_URL)
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "model":
             from reef.model.tiny import main_build_tiny
 
-            return main_build_tiny(["--out", str(args.out), "--seed", str(args.seed)])
+            return main_build_tiny(["--out", str(args.out), "--seed", str(args.seed),
+                                    *(["--if-stale"] if args.if_stale else [])])
         if args.command == "status":
             return _status(args)
         if args.command == "records":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +73,23 @@ def test_saved_files_and_metadata(quick_model: Path) -> None:
     packaged = {n for n, s in packaged_scenarios().items() if s.eval is not None and s.reward is not None}
     assert set(meta["eval"]) == packaged and "demo-add" in packaged  # every packaged scenario with an eval suite
     assert set(meta["eval"]["demo-add"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
+
+
+def test_a_model_from_another_corpus_is_stale(quick_model: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """`make test` and `make demo` rebuild only a stale model: another seed, step count or corpus
+    (a new `reef.corpus` part after a pull, or a stale install lacking one) makes it stale."""
+    assert tiny.is_current(quick_model, seed=1, steps=QUICK_STEPS)
+    assert not tiny.is_current(quick_model, seed=2, steps=QUICK_STEPS)
+    assert not tiny.is_current(quick_model, seed=1, steps=QUICK_STEPS + 1)
+    assert not tiny.is_current(tmp_path / "missing")
+    other = tmp_path / "other"
+    shutil.copytree(quick_model, other)
+    meta = json.loads((other / tiny.METADATA_FILE).read_text())
+    (other / tiny.METADATA_FILE).write_text(json.dumps({**meta, "corpus_sha256": build_corpus(7).sha256()}))
+    assert not tiny.is_current(other, seed=1, steps=QUICK_STEPS)
+    assert tiny.main_build_tiny(["--out", str(quick_model), "--seed", "1", "--steps", str(QUICK_STEPS),
+                                 "--if-stale"]) == 0
+    assert "up to date" in capsys.readouterr().err
 
 
 def test_output_head_is_untied(quick_model: Path) -> None:

@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", default=SCENARIO)
     args = parser.parse_args(argv)
 
-    if not (DEFAULT_TINY_MODEL / "config.json").exists():
-        from reef.model.tiny import build_tiny
+    from reef.model.tiny import build_tiny, is_current
 
-        console.print("building the embedded tiny model (once, a few minutes)...")
+    if not is_current(DEFAULT_TINY_MODEL):
+        console.print("building the embedded tiny model (once per corpus, a few minutes)...")
         build_tiny(DEFAULT_TINY_MODEL, seed=0)
     shutil.rmtree(args.workdir / "data", ignore_errors=True)
     args.workdir.mkdir(parents=True, exist_ok=True)

@@ -399,6 +399,22 @@ def build_tiny(
     return out_dir
 
 
+def is_current(out_dir: Path, seed: int = 0, steps: int = DEFAULT_STEPS) -> bool:
+    """Whether `out_dir` holds the model `build_tiny(out_dir, seed, steps=steps)` would build now.
+
+    The corpus is the sum of every installed `reef.corpus` part, so a pull that adds a part (or a
+    stale install that lacks one) changes what the model must know; a model trained on another
+    corpus passes its own metadata checks but fails the scenarios it never saw.
+    """
+    try:
+        meta = json.loads((Path(out_dir) / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (meta.get("seed") == seed and meta.get("steps") == steps and meta.get("config") == MODEL_CONFIG
+            and (Path(out_dir) / "model.safetensors").is_file()
+            and meta.get("corpus_sha256") == build_corpus(seed).sha256())
+
+
 def _version(package: str) -> str:
     from importlib.metadata import version
 
@@ -424,7 +440,13 @@ def main_build_tiny(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=argparse.SUPPRESS)
     parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--if-stale", action="store_true",
+                        help="build only when --out lacks the model this corpus, seed and step count give")
     args = parser.parse_args(argv)
+    if args.if_stale and is_current(args.out, args.seed, args.steps):
+        if not args.quiet:
+            print(f"{args.out} is up to date (corpus, seed and steps match)", file=sys.stderr)
+        return 0
     build_tiny(args.out, args.seed, progress=not args.quiet, steps=args.steps, evaluate=not args.no_eval)
     return 0
 
