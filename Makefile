@@ -53,8 +53,12 @@ $(PI_DIR)/.installed-$(PI_VERSION):
 	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
 	touch $@
 
+# Two workers, one test file each at a time (`--dist loadfile`: a file's tests share its module
+# fixtures and run in order). Much of a test's time is a subprocess importing torch or a server
+# waiting on another process, so two workers on two cores finish well before one.
+TEST_WORKERS ?= 2
 test: $(STAMP) chromium pi model
-	$(BIN)/pytest -q -ra tests notebooks --nbmake
+	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) --dist loadfile tests notebooks --nbmake
 
 # JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.
 # Jupyter refuses to run as root unless told (containers, CI machines).

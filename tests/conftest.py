@@ -46,7 +46,8 @@ def vllm_url(tiny_model: Path) -> Iterator[str]:
         return
     config = ServeConfig(model=str(tiny_model), served_model_name=MODEL_NAME, data_dir=REPO / "data")
     ARTIFACTS.mkdir(exist_ok=True)
-    engine = EngineSupervisor(config, ARTIFACTS / "vllm-session.log")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")  # one session vLLM per xdist worker
+    engine = EngineSupervisor(config, ARTIFACTS / f"vllm-session-{worker}.log")
     url = engine.start()
     yield url
     engine.stop()
