@@ -294,6 +294,9 @@ def test_release_page_releases_harness_candidates(served: dict, tiny_model: Path
 @pytest.mark.vllm
 def test_lineage_graph(served: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     first = served["candidates"][0]
+    with ReefClient(served["url"], admin_token=TOKEN) as client:  # r1 is the first candidate's release
+        if f"{SCENARIO}@r1" not in {r["release_id"] for r in client.releases(SCENARIO)["releases"]}:
+            client.release(SCENARIO, first, expected_parent=client.head(SCENARIO) or "", approved_by="test")
     at = app(monkeypatch, served["data_dir"], served["url"], "lineage")
     at.selectbox(key="lineage_release").set_value(f"{SCENARIO}@r1").run()
     assert not at.exception, at.exception

@@ -26,7 +26,7 @@ from reef.scenario import (
     load_tasks,
     parse_judge_score,
 )
-from reef.scenario.reward import function_reward, is_trl_style, judge_messages, judge_reward
+from reef.scenario.reward import function_reward, import_ref, is_trl_style, judge_messages, judge_reward
 
 REPO = Path(__file__).resolve().parents[1]
 REVIEWS = REPO / "examples" / "reviews"
@@ -91,6 +91,23 @@ def test_a_bad_reward_is_a_reward_error(tmp_path: Path, body: str, match: str) -
     reward = function_reward(f"{write_module(tmp_path, body)}:r", tmp_path)
     with pytest.raises(RewardError, match=match):
         reward([TASK, TASK], ["a", "b"])
+
+
+def test_two_folders_each_with_a_reward_py_keep_their_own(tmp_path: Path) -> None:
+    """Module names are process-wide: a second folder's `reward.py` must not resolve to the first's."""
+    name = f"reward_{uuid.uuid4().hex[:8]}"
+    for folder, value in (("a", 0.25), ("b", 0.75)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{name}.py").write_text(f"def score(task, reply):\n    return {value}\n")
+    sys.path[:0] = [str(tmp_path / "b"), str(tmp_path / "a")]  # b's folder ahead of a's, nothing imported yet
+    try:
+        first = import_ref(f"{name}:score", tmp_path / "a")
+        second = import_ref(f"{name}:score", tmp_path / "b")
+        assert (first({}, ""), second({}, "")) == (0.25, 0.75)
+        assert import_ref(f"{name}:score", tmp_path / "a") is first
+        assert import_ref(f"{name}:score", tmp_path / "b") is second
+    finally:
+        sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
 
 
 def test_judge_prompt_and_score_parsing() -> None:

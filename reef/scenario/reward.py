@@ -12,7 +12,9 @@ A reply that cannot be scored is a `Score(None, reason)`: counted as missing, ne
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import inspect
 import math
 import re
@@ -47,7 +49,7 @@ def import_ref(ref: str, base_dir: Path | None = None) -> Any:
     if base_dir is not None and str(base_dir) not in sys.path:
         sys.path.insert(0, str(base_dir))
     try:
-        module = importlib.import_module(module_name)
+        module = _from_base_dir(module_name, base_dir) or importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the declaration's fault
         raise RewardError(f"cannot import {module_name!r}: {exc}") from exc
     try:
@@ -57,6 +59,37 @@ def import_ref(ref: str, base_dir: Path | None = None) -> Any:
     except AttributeError as exc:
         raise RewardError(f"{module_name!r} has no attribute {attr!r}") from exc
     return obj
+
+
+def _from_base_dir(module_name: str, base_dir: Path | None) -> Any:
+    """The module from its file in `base_dir`, when there is one (else None: a normal import).
+
+    Module names are process-wide, so two scenarios' `reward.py` (each next to its own serve.yaml)
+    would otherwise both resolve to whichever was imported first, or to whichever folder comes
+    first on `sys.path`. A module found elsewhere under the same name leaves this one to be
+    loaded from its file, under a name made unique by its path.
+    """
+    if base_dir is None:
+        return None
+    rel = Path(*module_name.split("."))
+    path = next((p for p in (base_dir / rel.with_suffix(".py"), base_dir / rel / "__init__.py") if p.is_file()), None)
+    if path is None:
+        return None
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    if Path(getattr(module, "__file__", None) or "").resolve() == path.resolve():
+        return module
+    unique = f"{module_name}__at_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}"
+    if unique not in sys.modules:
+        spec = importlib.util.spec_from_file_location(unique, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[unique]
+            raise
+    return sys.modules[unique]
 
 
 def _number(value: Any, where: str) -> float | None:
