@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from reef.scenario import packaged_scenarios
 from tests.conftest import MODEL_NAME, Gateway
 
 HELLO = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -152,8 +153,9 @@ def test_body_and_header_limits(guarded: Gateway) -> None:
 
 
 def test_scenario_limit(make_gateway) -> None:  # noqa: ANN001
-    # Known from the start: default and the packaged demo scenario; one slot is left.
-    gw = make_gateway("limited", env={"REEF_LIMITS__MAX_SCENARIOS": "3"}).start()
+    # Known from the start: default and the packaged scenarios; one slot is left.
+    known = {"default", *packaged_scenarios()}
+    gw = make_gateway("limited", env={"REEF_LIMITS__MAX_SCENARIOS": str(len(known) + 1)}).start()
     codes = {}
     for name in ("lim-1", "lim-2", "lim-1", "default"):
         resp = httpx.post(f"{gw.url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 1}, timeout=60,
