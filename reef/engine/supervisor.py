@@ -175,18 +175,19 @@ class EngineSupervisor:
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.config.engine.startup_timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise EngineError(
-                    f"vLLM exited with code {self.process.returncode} during startup; see {self.log_path}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        with httpx.Client(timeout=2.0) as http:  # one client: a bare httpx.get builds an SSL context per call
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise EngineError(
+                        f"vLLM exited with code {self.process.returncode} during startup; see {self.log_path}"
+                    )
+                try:
+                    if http.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
         raise EngineError(f"vLLM not healthy after {self.config.engine.startup_timeout_s} s; see {self.log_path}")
 
     def alive(self) -> bool:
