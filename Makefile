@@ -30,35 +30,59 @@ model: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m reef.demo.run
 
-# Debian's Chromium for the dashboard's browser test: Playwright drives it through executable_path
-# (no browser download). apt-get as root, else through sudo.
-.PHONY: chromium
-chromium:
-	@command -v chromium >/dev/null || { \
+# Debian packages the tests need, in one apt-get (two at once would fight over dpkg's lock):
+# Chromium for the dashboard's browser test (Playwright drives it through executable_path, no
+# browser download), node and npm for the Pi agent. apt-get as root, else through sudo.
+.PHONY: debs chromium
+debs:
+	@missing=""; command -v chromium >/dev/null || missing="chromium"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; fi
+chromium: debs
 
 # The Pi coding agent (npm), pinned, in a project-local folder: tests/test_pi.py runs it against
-# `reef serve`. Node and npm come from Debian when missing (like chromium above).
+# `reef serve`.
 PI_VERSION := 0.73.1
 PI_DIR := .pi-agent
 PI := $(PI_DIR)/node_modules/.bin/pi
 .PHONY: pi
 pi: $(PI_DIR)/.installed-$(PI_VERSION)
 
-$(PI_DIR)/.installed-$(PI_VERSION):
-	@command -v npm >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q nodejs npm; }
+$(PI_DIR)/.installed-$(PI_VERSION): | debs
 	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
 	touch $@
 
 # Two workers, one test file each at a time (`--dist loadfile`: a file's tests share its module
 # fixtures and run in order). Much of a test's time is a subprocess importing torch or a server
 # waiting on another process, so two workers on two cores finish well before one.
+# When the default model must be built first (a fresh clone, a changed corpus), the build takes one
+# core for minutes: the model-free tests (marked in tests/conftest.py) run on the other meanwhile.
 TEST_WORKERS ?= 2
-test: $(STAMP) chromium pi model
-	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) --dist loadfile tests notebooks --nbmake
+TINY := data/models/tiny
+PYTEST := $(BIN)/pytest -q -ra
+# The venv, the Debian packages and Pi install side by side (`-j3`); then the tests.
+test:
+	$(MAKE) -j3 --no-print-directory chromium pi tiny-status
+	@if [ -f $(VENV)/.tiny-current ]; then \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile tests notebooks --nbmake; \
+	else \
+	  mkdir -p test-artifacts; \
+	  echo "building the default model in the background (log: test-artifacts/tiny-build.log)"; \
+	  $(BIN)/reef model build-tiny --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
+	  REEF_TEST_MODEL_FREE=1 $(PYTEST) -m model_free tests; free=$$?; \
+	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not model_free" tests notebooks --nbmake; rest=$$?; \
+	  exit $$(( free || rest )); \
+	fi
+
+# Whether the default model is current (corpus, seed, steps): `make test` decides how to start.
+.PHONY: tiny-status
+tiny-status: $(STAMP)
+	@rm -f $(VENV)/.tiny-current
+	@$(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))" \
+	  && touch $(VENV)/.tiny-current || true
 
 # JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.
 # Jupyter refuses to run as root unless told (containers, CI machines).

@@ -19,11 +19,53 @@ TINY = REPO / "data" / "models" / "tiny"
 MODEL_NAME = "reef-tiny"
 ARTIFACTS = REPO / "test-artifacts"
 
+# `make test` runs the suite in two phases (see the Makefile): the model-free tests on one core while
+# the default model builds on the other, then the rest on two xdist workers. A test is model-free
+# when its file is listed here, or its file is in MIXED_FILES and it asks for none of MODEL_FIXTURES.
+MODEL_FREE_FILES = {
+    "test_artifacts.py", "test_cpu_lora_fix.py", "test_demo_boundary.py", "test_durable.py", "test_layers.py",
+    "test_load.py", "test_notebooks_clean.py", "test_release_chain.py", "test_sse_split.py",
+    "test_state_machines.py", "test_store.py", "test_supervisor.py",
+}
+MIXED_FILES = {"test_tiny_model.py", "test_scenarios.py"}
+MODEL_FIXTURES = {"tiny_model", "tiny", "vllm_url", "gateway", "make_gateway"}
+# Files by their share of the suite's time, longest first: `--dist loadfile` hands files out in
+# collection order, so the long ones start early instead of running alone at the end.
+LONGEST_FIRST = [
+    "tests/test_release_swap.py", "tests/test_tiny_model.py", "tests/test_dvc_pipeline.py",
+    "tests/test_serve_managed.py", "notebooks/01_explore_experience.ipynb", "notebooks/03_compare_and_release.ipynb",
+    "tests/test_scenario_learning.py", "tests/test_candidate_vllm.py", "tests/test_gateway.py",
+    "tests/test_scenarios.py", "notebooks/04_evolve_a_harness.ipynb", "tests/test_gate_engine.py",
+    "tests/test_learner.py", "tests/test_dashboard_browser.py", "tests/test_fuzz.py", "tests/test_contract.py",
+]
+
+
+def is_model_free(item: pytest.Item) -> bool:
+    name = item.path.name
+    if name in MODEL_FREE_FILES:
+        return True
+    return name in MIXED_FILES and not MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: file order kept
+    for item in items:
+        if is_model_free(item):
+            item.add_marker(pytest.mark.model_free)
+
+
+def _refuse_in_model_free_phase() -> None:
+    if os.environ.get("REEF_TEST_MODEL_FREE"):
+        pytest.fail("this test runs in the model-free phase but needs the default model: "
+                    "take it out of MODEL_FREE_FILES / MIXED_FILES in tests/conftest.py")
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     from reef.model.tiny import build_tiny, is_current
 
+    _refuse_in_model_free_phase()
     # `make test` builds it first; a stale one (another corpus) would fail tests for the wrong reason.
     if not is_current(TINY):
         build_tiny(TINY, seed=0)
@@ -35,6 +77,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A private copy of the tiny model, for tests that train or load it with other settings."""
     from tests.recipe_support import copy_tiny
 
+    _refuse_in_model_free_phase()
     return copy_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
