@@ -17,7 +17,7 @@ import pytest
 from reef.demo import task as demo
 from reef.engine.weights import EngineWeights
 from reef.recipe import Candidate
-from reef.release.candidates import register_candidate
+from reef.release.candidates import GateResult, register_candidate
 from reef.release.gate import GateConfig, GateEngine, Weights, evaluate_candidate, gate_weights
 from reef.release.gate_engine import TEMP_PREFIX
 from reef.scenario import EvalSpec, Scenario, eval_suite
@@ -63,14 +63,23 @@ def small_suite(tmp_path: Path, rows: list[dict], samples: int = 2) -> object:
     return eval_suite(scenario)
 
 
-def test_engine_gate_selects_a_trained_lora_and_rejects_an_unchanged_one(
-        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def engine_gates(cands: dict[str, Candidate], engine: GateEngine,
+                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, GateResult]:
+    """Both candidates registered and gated through the engine against r0: `trained` with 4 samples
+    (what the transformers comparison below needs), `same` with 1 (its replies are the head's anyway)."""
+    data = tmp_path_factory.mktemp("engine-gates") / "data"
     results = {}
-    for name in ("trained", "same"):
+    for name, samples in (("trained", 4), ("same", 1)):
         view = register_candidate(data, cands[name].path)
-        results[name] = evaluate_candidate(data, view.candidate_id, GateConfig(samples=2), engine=engine,
+        results[name] = evaluate_candidate(data, view.candidate_id, GateConfig(samples=samples), engine=engine,
                                            progress=False)
+    return results
+
+
+def test_engine_gate_selects_a_trained_lora_and_rejects_an_unchanged_one(
+        cands: dict[str, Candidate], engine: GateEngine, engine_gates: dict[str, GateResult]) -> None:
+    results = engine_gates
     trained, same = results["trained"], results["same"]
     assert trained.backend == same.backend == "engine", (trained.reason, same.reason)
     assert trained.decision == "select", trained.reason
@@ -157,13 +166,13 @@ def test_a_gate_without_a_free_adapter_slot_samples_with_transformers(
 
 
 def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, Candidate],
-                                                              engine: GateEngine) -> None:
+                                                              engine_gates: dict[str, GateResult]) -> None:
     from reef.recipe.evaluate import suite_for
 
-    suite = suite_for(demo.SCENARIO)
-    candidate, head = Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME)
-    on_engine = gate_weights(candidate, head, suite, GateConfig(samples=4), engine=engine, progress=False)
-    offline = gate_weights(candidate, head, suite, GateConfig(samples=4), progress=False)
+    on_engine = engine_gates["trained"]  # the candidate's gate on the engine, 4 samples, vs the base (r0)
+    assert on_engine.samples_per_prompt == 4
+    candidate, head = Weights(TINY, cands["trained"].path), Weights(TINY)
+    offline = gate_weights(candidate, head, suite_for(demo.SCENARIO), GateConfig(samples=4), progress=False)
     assert (on_engine.backend, offline.backend) == ("engine", "transformers")
     # 80 tasks x 4 samples per arm: a success rate's standard error is at most 0.028; allow ~3 of
     # the difference's (0.04 each).
