@@ -66,14 +66,14 @@ PYTEST := $(BIN)/pytest -q -ra
 test:
 	$(MAKE) -j3 --no-print-directory chromium pi tiny-status
 	@if [ -f $(VENV)/.tiny-current ]; then \
-	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile tests notebooks --nbmake; \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests notebooks --nbmake; \
 	else \
 	  mkdir -p test-artifacts; \
 	  echo "building the default model in the background (log: test-artifacts/tiny-build.log)"; \
 	  $(BIN)/reef model build-tiny --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
 	  REEF_TEST_MODEL_FREE=1 $(PYTEST) -m model_free tests; free=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
-	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not model_free" tests notebooks --nbmake; rest=$$?; \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests notebooks --nbmake; rest=$$?; \
 	  exit $$(( free || rest )); \
 	fi
 

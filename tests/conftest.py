@@ -30,7 +30,8 @@ MODEL_FREE_FILES = {
 MIXED_FILES = {"test_tiny_model.py", "test_scenarios.py"}
 MODEL_FIXTURES = {"tiny_model", "tiny", "vllm_url", "gateway", "make_gateway"}
 # Files by their share of the suite's time, longest first: `--dist loadfile` hands files out in
-# collection order, so the long ones start early instead of running alone at the end.
+# collection order (the Makefile turns off its reordering by test count), so the long ones start
+# early instead of running alone at the end.
 LONGEST_FIRST = [
     "tests/test_release_swap.py", "tests/test_tiny_model.py", "tests/test_dvc_pipeline.py",
     "tests/test_serve_managed.py", "notebooks/01_explore_experience.ipynb", "notebooks/03_compare_and_release.ipynb",
