@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.reef-installed-$(ENGINE)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# Every dvc command would otherwise spawn an analytics daemon (a second python process) that tries
+# to reach the network.
+export DVC_NO_ANALYTICS := 1
 
 .PHONY: demo test lint bench model clean-data env lab
 
