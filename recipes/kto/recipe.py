@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import datasets
 import polars as pl
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.tokens import CutStats, fit_left
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from trl import KTOTrainer
 
 

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.tokens import CutStats, sft_examples, trajectory_examples
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from trl import SFTTrainer
 
 

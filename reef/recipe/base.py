@@ -30,11 +30,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import datasets
-import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-
 from reef.durable import replace_dir
 from reef.experience.schema import sha256_json
 from reef.recipe import ledger
@@ -44,6 +39,9 @@ from reef.recipe.training_log import TrainingLog, keep_events, per_step, tensorb
 from reef.scenario import Scenario, get_scenario
 
 if TYPE_CHECKING:
+    import transformers
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from reef.release.gate_engine import GateEngine
 
 log = logging.getLogger(__name__)
@@ -151,6 +149,8 @@ class Recipe(ABC):
         """Train; returns the trained model (what gets saved) and metrics for candidate.json."""
         trainer = self.build_trainer(snapshot, model, tokenizer, output_dir)
         if not getattr(self, "_progress", True):
+            import transformers
+
             # The per-step log dicts go to candidate.json and TensorBoard, not to stdout.
             trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
         result = trainer.train()
@@ -165,6 +165,8 @@ class Recipe(ABC):
 
     def training_args(self, output_dir: Path) -> dict[str, Any]:
         """TrainingArguments every recipe shares: CPU-safe, no checkpoints, no trackers."""
+        import torch
+
         c = self.config
         progress = getattr(self, "_progress", True)
         steps = c.max_steps if c.max_steps > 0 else -1
@@ -183,6 +185,9 @@ class Recipe(ABC):
     def load_model(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """The base model; with `kind: lora`, wrapped in a fresh adapter, or in `init_adapter` (e.g. the
         head release's adapter) loaded trainable, so that a round continues where the head left off."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         c = self.config
         tokenizer = AutoTokenizer.from_pretrained(c.base_model)
         model = AutoModelForCausalLM.from_pretrained(c.base_model, dtype=torch.float32)
@@ -217,6 +222,10 @@ class Recipe(ABC):
         consume: bool = True,
     ) -> Candidate:
         """Train on `snapshot` and write the candidate to `out_dir` or `<out_root>/<candidate id>/`."""
+        import datasets
+        import torch
+        import transformers
+
         snap = snapshot if isinstance(snapshot, Snapshot) else Snapshot.open(snapshot)
         self._progress = progress
         if snap.spec != self.experience():
