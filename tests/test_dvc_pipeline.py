@@ -1,7 +1,8 @@
 """The learning pipeline under real DVC in a temporary git repository: base-model -> demo-traffic ->
 snapshot -> train -> evaluate (once per scenario: `snapshot@demo-add`, ...); a second `dvc repro` is
-a no-op, `dvc exp run -S train.<param>` reruns only train and evaluate, and new traffic in one of
-two scenarios reruns only that scenario's stages."""
+a no-op, `dvc exp run -S train.<param>` reruns only train and evaluate, new traffic in one of
+two scenarios reruns only that scenario's stages, and `reef learn --once` takes only new records.
+Every stage is a process of its own, so each test runs as few of them as its assertions need."""
 
 from __future__ import annotations
 
@@ -115,35 +116,9 @@ def test_repro_then_noop_then_param_change(repo: Path) -> None:
     assert "+-------" in dag and "train@demo-add" in dag
 
 
-def _learn(repo: Path) -> dict[str, Any]:
-    out = run(repo, "python", "-m", "reef.recipe.stage", "learn", "--quiet").stdout
+def _learn(repo: Path, scenario: str) -> dict[str, Any]:
+    out = run(repo, "python", "-m", "reef.recipe.stage", "learn", "--scenario", scenario, "--quiet").stdout
     return json.loads(out[out.rindex("\n{") :])  # the JSON summary printed last, after dvc's output
-
-
-def test_learn_once_takes_only_new_records(repo: Path) -> None:
-    """`reef learn --once` against live traffic (a store outside DVC, as `reef serve` writes):
-    a round, then nothing new, then a round over only the records that arrived since."""
-    live = repo / "data" / "live"
-    tiny = repo / "data" / "models" / "tiny"
-    record_offline_traffic(tiny, live, "demo-add", prompts=16, samples=4, seed=11, release="demo-add@r1")
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["source"]["data_dir"] = "data/live"
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
-    first = _learn(repo)
-    assert first["status"] == "trained" and first["metrics"]["prompts"] == 80
-    snapshot = json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())
-    assert first["candidate"]["lineage"]["snapshot_hash"] == snapshot["hash"]
-    taken = set(snapshot["record_ids"])
-
-    idle = _learn(repo)
-    assert idle["status"] == "nothing_new" and idle["pending"]["consumed"] == len(taken)
-
-    record_offline_traffic(tiny, live, "demo-add", prompts=16, samples=4, seed=12, release="demo-add@r1")
-    second = _learn(repo)
-    assert second["status"] == "trained" and second["pending"]["consumed"] == len(taken)
-    again = set(json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())["record_ids"])
-    assert again and not again & taken
 
 
 def test_gate_then_track_puts_release_weights_in_dvc(repo: Path) -> None:
@@ -166,10 +141,13 @@ def test_gate_then_track_puts_release_weights_in_dvc(repo: Path) -> None:
     assert any(f["sha256"] for f in weights) and stored, "dvc push stored nothing"
 
 
-def test_new_traffic_in_one_scenario_reruns_only_its_stages(tmp_path: Path) -> None:
+def test_new_traffic_in_one_scenario_reruns_only_its_stages_and_learn_once_takes_only_new_records(
+        tmp_path: Path) -> None:
     """Two scenarios (the second declared in the project's serve.yaml, with its own smaller eval
     suite and its own recipe params): one `dvc repro evaluate` learns for both; new traffic in one
-    reruns only that scenario's snapshot, train and evaluate, with its own ledger."""
+    reruns only that scenario's snapshot, train and evaluate, with its own ledger. Then `reef learn
+    --once` against that live traffic (a store outside DVC, as `reef serve` writes): nothing new,
+    then a round over only the records that arrived since."""
     serve_yaml = ("scenarios:\n  second:\n    reward: reef.demo.task:reward\n"
                   "    eval: {path: reef/demo/data/eval.jsonl, max_new_tokens: 16, limit: 16}\n")
     repo = make_project(tmp_path / "project", {"demo-add": {}, "second": {"max_steps": 2}}, serve_yaml)
@@ -202,3 +180,14 @@ def test_new_traffic_in_one_scenario_reruns_only_its_stages(tmp_path: Path) -> N
     consumed = {s: set(ledger.consumed(repo / "data" / "ledger", s)["record_id"].to_list())
                 for s in ("demo-add", "second")}
     assert consumed == {"demo-add": taken["demo-add"], "second": taken["second"] | again}
+
+    idle = _learn(repo, "demo-add")
+    assert idle["status"] == "nothing_new" and idle["pending"]["consumed"] == len(taken["demo-add"])
+    record_offline_traffic(tiny, live, "demo-add", prompts=16, samples=4, seed=12, release="demo-add@r1")
+    learned = _learn(repo, "demo-add")
+    assert learned["status"] == "trained" and learned["pending"]["consumed"] == len(taken["demo-add"])
+    assert learned["metrics"]["prompts"] == 80
+    snapshot = json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())
+    assert learned["candidate"]["lineage"]["snapshot_hash"] == snapshot["hash"]
+    assert snapshot["record_ids"] and not set(snapshot["record_ids"]) & taken["demo-add"]
+    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status", "evaluate@second")  # second untouched
