@@ -116,9 +116,11 @@ def test_repro_then_noop_then_param_change(repo: Path) -> None:
     assert "+-------" in dag and "train@demo-add" in dag
 
 
-def _learn(repo: Path, scenario: str) -> dict[str, Any]:
-    out = run(repo, "python", "-m", "reef.recipe.stage", "learn", "--scenario", scenario, "--quiet").stdout
-    return json.loads(out[out.rindex("\n{") :])  # the JSON summary printed last, after dvc's output
+def _learn(repo: Path, scenario: str) -> tuple[dict[str, Any], str]:
+    """`reef learn --once`'s summary, and all it printed (the stages its `dvc repro` ran)."""
+    done = run(repo, "python", "-m", "reef.recipe.stage", "learn", "--scenario", scenario, "--quiet")
+    out = done.stdout
+    return json.loads(out[out.rindex("\n{") :]), out + done.stderr  # the JSON summary printed last
 
 
 def test_gate_then_track_puts_release_weights_in_dvc(repo: Path) -> None:
@@ -144,10 +146,10 @@ def test_gate_then_track_puts_release_weights_in_dvc(repo: Path) -> None:
 def test_new_traffic_in_one_scenario_reruns_only_its_stages_and_learn_once_takes_only_new_records(
         tmp_path: Path) -> None:
     """Two scenarios (the second declared in the project's serve.yaml, with its own smaller eval
-    suite and its own recipe params): one `dvc repro evaluate` learns for both; new traffic in one
-    reruns only that scenario's snapshot, train and evaluate, with its own ledger. Then `reef learn
-    --once` against that live traffic (a store outside DVC, as `reef serve` writes): nothing new,
-    then a round over only the records that arrived since."""
+    suite and its own recipe params), live traffic (a store outside DVC, as `reef serve` writes):
+    one `dvc repro evaluate` learns for both; `reef learn --once` then finds nothing new, and after
+    new traffic in one scenario runs a round (through `dvc repro`) of only that scenario's
+    snapshot, train and evaluate, over only the records that arrived since, with its own ledger."""
     serve_yaml = ("scenarios:\n  second:\n    reward: reef.demo.task:reward\n"
                   "    eval: {path: reef/demo/data/eval.jsonl, max_new_tokens: 16, limit: 16}\n")
     repo = make_project(tmp_path / "project", {"demo-add": {}, "second": {"max_steps": 2}}, serve_yaml)
@@ -170,24 +172,21 @@ def test_new_traffic_in_one_scenario_reruns_only_its_stages_and_learn_once_takes
     assert taken["demo-add"] and taken["second"] and not taken["demo-add"] & taken["second"]
     assert "Data and pipelines are up to date" in sh(repo, "dvc", "status", "evaluate")
 
+    idle = _learn(repo, "demo-add")[0]  # `reef learn --once` with nothing new
+    assert idle["status"] == "nothing_new" and idle["pending"]["consumed"] == len(taken["demo-add"])
+
     record_offline_traffic(tiny, live, second_users, prompts=8, samples=4, seed=3)
-    second = ran_items(sh(repo, "dvc", "repro", "evaluate"))
-    assert second == ["snapshot@second", "train@second", "evaluate@second"], second
-    again = set(json.loads((repo / "data" / "snapshots" / "second" / "manifest.json").read_text())["record_ids"])
+    learned, output = _learn(repo, "second")  # a round through `dvc repro`, over only the new records
+    assert ran_items(output) == ["snapshot@second", "train@second", "evaluate@second"], output
+    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status", "evaluate")  # demo-add's never went stale
+    assert learned["status"] == "trained" and learned["pending"]["consumed"] == len(taken["second"])
+    assert learned["metrics"]["prompts"] == 16
+    snapshot = json.loads((repo / "data" / "snapshots" / "second" / "manifest.json").read_text())
+    assert learned["candidate"]["lineage"]["snapshot_hash"] == snapshot["hash"]
+    again = set(snapshot["record_ids"])
     assert again and not again & taken["second"]  # only the records that arrived since
     from reef.recipe import ledger
 
     consumed = {s: set(ledger.consumed(repo / "data" / "ledger", s)["record_id"].to_list())
                 for s in ("demo-add", "second")}
     assert consumed == {"demo-add": taken["demo-add"], "second": taken["second"] | again}
-
-    idle = _learn(repo, "demo-add")
-    assert idle["status"] == "nothing_new" and idle["pending"]["consumed"] == len(taken["demo-add"])
-    record_offline_traffic(tiny, live, "demo-add", prompts=16, samples=4, seed=12, release="demo-add@r1")
-    learned = _learn(repo, "demo-add")
-    assert learned["status"] == "trained" and learned["pending"]["consumed"] == len(taken["demo-add"])
-    assert learned["metrics"]["prompts"] == 80
-    snapshot = json.loads((repo / "data" / "snapshots" / "demo-add" / "manifest.json").read_text())
-    assert learned["candidate"]["lineage"]["snapshot_hash"] == snapshot["hash"]
-    assert snapshot["record_ids"] and not set(snapshot["record_ids"]) & taken["demo-add"]
-    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status", "evaluate@second")  # second untouched
