@@ -85,5 +85,14 @@ class Load:
                 self.outcomes.append(Outcome(None, None, repr(exc), stream))
             time.sleep(0.01)
 
+    def wait_for_more(self, n: int, timeout_s: float = 120.0) -> None:
+        """Until `n` more requests than now have finished: with `n` >= 2 x clients, at least `clients`
+        of them were sent after this call (each client has at most one request in flight)."""
+        target = len(self.outcomes) + n
+        deadline = time.monotonic() + timeout_s
+        while len(self.outcomes) < target:
+            assert time.monotonic() < deadline, f"{len(self.outcomes)} of {target} requests finished"
+            time.sleep(0.05)
+
     def errors(self) -> list[str]:
         return [o.error for o in self.outcomes if o.error]
