@@ -94,15 +94,22 @@ def api(gw: Gateway) -> ReefClient:
 
 @pytest.fixture(scope="module")
 def probe(cands: dict[str, Candidate]) -> Probes:
-    """Per candidate: an eval prompt it answers differently from the base, with both answers."""
+    """Per candidate: the first eval prompt it answers differently from the base, with both answers.
+    The first 16 prompts nearly always hold one (a trained candidate differs on most); all 80 otherwise."""
     prompts = [t.messages for t in demo.eval_tasks()]
-    base = greedy(TINY, prompts)
-    out = {}
-    for name in ("lora", "full", "race"):
-        mine = greedy(cands[name].path, prompts)
-        i = next((i for i in range(len(prompts)) if mine[i] != base[i]), None)
-        assert i is not None, f"{name} answers every eval prompt as the base does"
-        out[name] = (prompts[i], base[i], mine[i])
+    out: Probes = {}
+    for n in (16, len(prompts)):
+        base = greedy(TINY, prompts[:n])
+        for name in ("lora", "full", "race"):
+            if name not in out:
+                mine = greedy(cands[name].path, prompts[:n])
+                i = next((i for i in range(n) if mine[i] != base[i]), None)
+                if i is not None:
+                    out[name] = (prompts[i], base[i], mine[i])
+        if len(out) == 3:
+            break
+    missing = {"lora", "full", "race"} - set(out)
+    assert not missing, f"{sorted(missing)} answer every eval prompt as the base does"
     return out
 
 
