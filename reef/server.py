@@ -19,7 +19,7 @@ from reef.config import DEFAULT_TINY_MODEL, ConfigError, ServeConfig
 from reef.engine.supervisor import EngineSupervisor
 from reef.engine.weights import EngineWeights
 from reef.experience.store import ExperienceStore
-from reef.gateway.app import create_app
+from reef.gateway.app import create_server_app
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.upstream import Upstream
@@ -95,7 +95,7 @@ def serve(config: ServeConfig) -> None:
         seed_sessions(state.sessions, data_dir)
         if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("serving on %s with no api_keys: anyone who reaches it can call /v1 and report", config.host)
-        app = create_app(state)
+        app = create_server_app(state)
         server = uvicorn.Server(uvicorn.Config(
             app, host=config.host, port=config.port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=30,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from reef.gateway import chat, harness, install, models, records, releases, reports, status
 from reef.gateway.admission import ScenarioAdmission
 from reef.gateway.contract import install_openapi
 from reef.gateway.errors import install_error_handlers
+from reef.gateway.fastpath import ChatFastPath
 from reef.gateway.limits import SizeLimits
 from reef.gateway.state import GatewayState
 
@@ -24,3 +26,8 @@ def create_app(state: GatewayState) -> FastAPI:
     for module in (chat, harness, install, models, reports, records, releases, status):
         app.include_router(module.router)
     return app
+
+
+def create_server_app(state: GatewayState) -> ASGIApp:
+    """What uvicorn serves: the FastAPI app, with the chat route's hot path ahead of it."""
+    return ChatFastPath(create_app(state), state)

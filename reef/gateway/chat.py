@@ -144,7 +144,11 @@ _LINKS = {  # the stateful fuzzing phase follows these from a chat call to its r
     openapi_extra={**body(ChatCompletionRequest), "parameters": [SCENARIO_HEADER, *RECORD_HEADERS], **DATA_PLANE},
 )
 async def chat_completions(request: Request) -> Response:
-    st = get_state(request)
+    # Documents the route; requests are served by `reef.gateway.fastpath`, ahead of FastAPI.
+    return await serve_chat(get_state(request), request)
+
+
+async def serve_chat(st: GatewayState, request: Request) -> Response:
     started = time.perf_counter()
     created_at = utcnow()
     scenario = h.scenario_of(request)

@@ -101,19 +101,33 @@ def _allowed(request: Request) -> list[str]:
     return sorted(methods)
 
 
+def reef_error_response(exc: ReefError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+
+def store_error_response(exc: WalError) -> JSONResponse:
+    # Nothing of this request was acknowledged: the client may retry it as it is.
+    if isinstance(exc, WalFullError):
+        return error_response(507, "the disk holding Reef's write-ahead log is full; nothing of this "
+                              "request was stored", code="storage_full", headers={"Retry-After": "30"})
+    return error_response(503, "Reef's write-ahead log is unavailable; nothing of this request was stored",
+                          code="store_unavailable")
+
+
+def unexpected_error_response(method: str, path: str) -> JSONResponse:
+    """Call from an `except` block: the traceback goes to the log, never to the client."""
+    log.exception("unhandled error on %s %s", method, path)
+    return error_response(500, "internal error in the Reef gateway; see the server log")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ReefError)
     async def _reef(_: Request, exc: ReefError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+        return reef_error_response(exc)
 
     @app.exception_handler(WalError)
     async def _store(_: Request, exc: WalError) -> JSONResponse:
-        # Nothing of this request was acknowledged: the client may retry it as it is.
-        if isinstance(exc, WalFullError):
-            return error_response(507, "the disk holding Reef's write-ahead log is full; nothing of this "
-                                  "request was stored", code="storage_full", headers={"Retry-After": "30"})
-        return error_response(503, "Reef's write-ahead log is unavailable; nothing of this request was stored",
-                              code="store_unavailable")
+        return store_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -132,5 +146,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal error in the Reef gateway; see the server log")
+        return unexpected_error_response(request.method, request.url.path)

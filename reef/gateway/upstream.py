@@ -1,7 +1,8 @@
-"""The HTTP client to the OpenAI-compatible server Reef records in front of (usually vLLM).
+"""The client of the OpenAI-compatible server Reef records in front of (usually vLLM).
 
-aiohttp rather than httpx: on the streaming hot path (one SSE event per token) httpx's per-chunk
-overhead cost a large share of a core on our 2-core machines.
+Over `reef.gateway.http1`'s keep-alive pool: on the JSON hot path aiohttp's per-request work cost
+a quarter of the gateway's CPU, and on the streaming one (an SSE event per token) httpx's per-chunk
+overhead a large share of a core.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
-from yarl import URL
 
 from reef.gateway.errors import ReefError
+from reef.gateway.http1 import Connection, ConnectionPool
 
-_JSON = {"content-type": "application/json"}
+_CHAT = "/v1/chat/completions"
 
 
 class UpstreamError(Exception):
@@ -26,66 +26,45 @@ class UpstreamError(Exception):
         self.status, self.body = status, body
 
 
-def _unavailable(exc: Exception) -> ReefError:
-    # A plain reason, not the aiohttp repr: clients show this message to people.
+def _unavailable(exc: BaseException) -> ReefError:
+    # A plain reason, not an exception repr: clients show this message to people.
     reason = "it timed out" if isinstance(exc, TimeoutError) else "it refused or dropped the connection"
     return ReefError(503, f"the model server is unavailable ({reason}); retry shortly", code="engine_unavailable",
                      headers={"Retry-After": "5"})
 
 
+_FAILED = (OSError, TimeoutError)  # refused, reset, dropped (ConnectionDropped), TLS errors; timed out
+
+
 class Upstream:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0):
         self.base_url = base_url.rstrip("/")
-        self._chat_url = URL(f"{self.base_url}/v1/chat/completions")  # parsed once, not per request
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=10.0)
-        self._session: aiohttp.ClientSession | None = None
+        self._pool = ConnectionPool(self.base_url, {"Authorization": f"Bearer {api_key}"} if api_key else {},
+                                    timeout_s)
         # Whether the server returns token ids (vLLM's `return_token_ids`); see probe_token_ids.
         self.token_ids = True
 
-    def _http(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session belongs to the event loop that first uses it.
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout,
-                # The gateway multiplexes every client onto one pool: never let the pool be the limit.
-                # Shorter than uvicorn's 5 s keep-alive (vLLM's server): reusing a connection the
-                # server is closing for idleness fails the request.
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
-                # Per-request work nobody needs: an API server's cookies, and a compressed body the
-                # gateway would only have to inflate again (the default Accept-Encoding asks for one).
-                cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
-        return self._session
-
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self._pool.close()
 
-    async def _post(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        """POST a chat request; returns once response headers are in."""
-        data = orjson.dumps(body)
-        url = self._chat_url
+    async def _request(self, method: str, path: str, body: bytes | None = None,
+                       timeout_s: float | None = None) -> tuple[int, bytes]:
         try:
-            try:
-                return await self._http().post(url, data=data, headers=_JSON)
-            except aiohttp.ServerDisconnectedError:
-                # A pooled connection closed by the server as we reused it: the request was never
-                # read, so sending it again cannot run it twice.
-                return await self._http().post(url, data=data, headers=_JSON)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            conn = await self._pool.request(method, path, body, timeout_s)
+        except _FAILED as exc:
             raise _unavailable(exc) from exc
-
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await self._post(body)
         try:
-            content = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            content = await conn.read()
+        except _FAILED as exc:
             raise _unavailable(exc) from exc
         finally:
-            resp.release()
-        if resp.status >= 400:
-            raise UpstreamError(resp.status, content)
+            self._pool.release(conn)
+        return conn.status, content
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        status, content = await self._request("POST", _CHAT, orjson.dumps(body))
+        if status >= 400:
+            raise UpstreamError(status, content)
         return orjson.loads(content)
 
     async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[list[bytes]]:
@@ -94,19 +73,22 @@ class Upstream:
         Yields the complete lines of each network read together: under load one read often holds
         several events, and relaying them as one write saves a trip through the ASGI stack each.
         """
-        resp = await self._post(body)
-        if resp.status >= 400:
-            content = await resp.read()
-            resp.release()
-            raise UpstreamError(resp.status, content)
-        return _lines(resp)
+        try:
+            conn = await self._pool.request("POST", _CHAT, orjson.dumps(body))
+        except _FAILED as exc:
+            raise _unavailable(exc) from exc
+        if conn.status >= 400:
+            try:
+                content = await conn.read()
+            except _FAILED as exc:
+                raise _unavailable(exc) from exc
+            finally:
+                self._pool.release(conn)
+            raise UpstreamError(conn.status, content)
+        return self._lines(conn)
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        try:
-            async with self._http().get(f"{self.base_url}{path}") as resp:
-                return resp.status, await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _unavailable(exc) from exc
+        return await self._request("GET", path)
 
     async def probe_token_ids(self, setting: str) -> bool:
         """Decide once, at start, whether to ask for token ids: `on`/`off` as configured; `auto` asks
@@ -124,10 +106,22 @@ class Upstream:
 
     async def healthy(self) -> bool:
         try:
-            async with self._http().get(f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            status, _ = await self._request("GET", "/health", timeout_s=2.0)
+        except ReefError:
             return False
+        return status == 200
+
+    async def _lines(self, conn: Connection) -> AsyncIterator[list[bytes]]:
+        pending = b""
+        try:
+            async for data in conn.chunks():
+                lines, pending = split_lines(pending, data)
+                if lines:
+                    yield lines
+            if pending.strip():
+                yield [pending]
+        finally:
+            self._pool.release(conn)  # a stream given up half-way closes its connection
 
 
 def split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
@@ -138,16 +132,3 @@ def split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
     """
     *lines, rest = (pending + data).split(b"\n")
     return [line for line in lines if line.strip()], rest
-
-
-async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
-    pending = b""
-    try:
-        async for data in resp.content.iter_any():
-            lines, pending = split_lines(pending, data)
-            if lines:
-                yield lines
-        if pending.strip():
-            yield [pending]
-    finally:
-        resp.release()
