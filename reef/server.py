@@ -97,7 +97,9 @@ def serve(config: ServeConfig) -> None:
             log.warning("serving on %s with no api_keys: anyone who reaches it can call /v1 and report", config.host)
         app = create_server_app(state)
         server = uvicorn.Server(uvicorn.Config(
-            app, host=config.host, port=config.port, log_level="warning", access_log=False,
+            # No proxy-header rewriting: Reef reads x-forwarded-* itself where it needs them (the
+            # install script's base URL), and the middleware is one more layer on every request.
+            app, host=config.host, port=config.port, log_level="warning", access_log=False, proxy_headers=False,
             timeout_graceful_shutdown=30,
         ))
         print(f"reef: serving {config.model_name} on http://{config.host}:{config.port} (data in {data_dir})",
@@ -105,6 +107,10 @@ def serve(config: ServeConfig) -> None:
         # What start-up allocated (imports, config, indexes: ~170,000 objects) lives as long as the
         # server; frozen, the collector's full passes no longer walk it on every few hundred requests.
         gc.freeze()
+        # A chat call allocates hundreds of containers (a parsed response's logprobs alone), so at
+        # the default threshold (700) the young generation was collected every few requests, and
+        # the records held in memory until their shard is written were walked again and again.
+        gc.set_threshold(20_000, 20, 20)
         _event_loop_runner()(_run(server, state))
     except KeyboardInterrupt:
         pass
