@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 
 from fastapi import Request
 
@@ -22,7 +22,8 @@ ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    # 128 random bits in 32 hex digits, as uuid4().hex gives, at a tenth of its cost (two per chat call).
+    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 def scenario_of(request: Request) -> str:
