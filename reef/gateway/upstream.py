@@ -47,19 +47,26 @@ class Upstream:
     async def aclose(self) -> None:
         self._pool.close()
 
-    async def _request(self, method: str, path: str, body: bytes | None = None,
-                       timeout_s: float | None = None) -> tuple[int, bytes]:
+    async def _open(self, method: str, path: str, body: bytes | None = None,
+                    timeout_s: float | None = None) -> Connection:
+        """Send a request; the connection, once the response's headers are in."""
         try:
-            conn = await self._pool.request(method, path, body, timeout_s)
+            return await self._pool.request(method, path, body, timeout_s)
         except _FAILED as exc:
             raise _unavailable(exc) from exc
+
+    async def _read(self, conn: Connection) -> bytes:
         try:
-            content = await conn.read()
+            return await conn.read()
         except _FAILED as exc:
             raise _unavailable(exc) from exc
         finally:
             self._pool.release(conn)
-        return conn.status, content
+
+    async def _request(self, method: str, path: str, body: bytes | None = None,
+                       timeout_s: float | None = None) -> tuple[int, bytes]:
+        conn = await self._open(method, path, body, timeout_s)
+        return conn.status, await self._read(conn)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         status, content = await self._request("POST", _CHAT, orjson.dumps(body))
@@ -73,18 +80,9 @@ class Upstream:
         Yields the complete lines of each network read together: under load one read often holds
         several events, and relaying them as one write saves a trip through the ASGI stack each.
         """
-        try:
-            conn = await self._pool.request("POST", _CHAT, orjson.dumps(body))
-        except _FAILED as exc:
-            raise _unavailable(exc) from exc
+        conn = await self._open("POST", _CHAT, orjson.dumps(body))
         if conn.status >= 400:
-            try:
-                content = await conn.read()
-            except _FAILED as exc:
-                raise _unavailable(exc) from exc
-            finally:
-                self._pool.release(conn)
-            raise UpstreamError(conn.status, content)
+            raise UpstreamError(conn.status, await self._read(conn))
         return self._lines(conn)
 
     async def get(self, path: str) -> tuple[int, bytes]:
