@@ -17,6 +17,7 @@ ratio (gateway / direct) is the median of the per-round ratios (>= 10 rounds: th
 to 2.0 here). Also the added p50/p99 latency; targets: ratio >= 0.95, added p50 <= 2 ms.
 
     .venv/bin/python bench/gateway_overhead.py [--rounds 10] [--requests-per-client 4]
+    .venv/bin/python bench/gateway_overhead.py --stand-in-only   # the first row alone, no vLLM needed
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from reef.serve_process import ServeProcess  # noqa: E402
 
 MODEL_NAME = "reef-tiny"
 TINY = REPO / "data" / "models" / "tiny"
+FIXTURE = REPO / "tests" / "fixtures" / "vllm_samples" / "nonstream.json"
 
 console = Console()
 
@@ -114,17 +116,34 @@ def _stand_in(port: int, response: bytes) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
-def _stand_in_cpu(vllm_url: str, rounds: int, clients: int, tokens: int) -> list[float]:
-    """Gateway CPU ms per JSON request, per round, in front of the stand-in upstream."""
-    import tempfile
-
+def _recorded(vllm_url: str, tokens: int) -> bytes:
+    """One real vLLM response: `tokens` tokens with their ids and logprobs."""
     recorded = httpx.post(f"{vllm_url}/v1/chat/completions", timeout=120, json={
         "model": MODEL_NAME, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "max_tokens": tokens,
         "ignore_eos": True, "logprobs": True, "return_token_ids": True})
     recorded.raise_for_status()
+    return recorded.content
+
+
+def _fixture_response(tokens: int) -> bytes:
+    """Without vLLM: the test suite's recorded vLLM response, its 5 tokens repeated to `tokens`."""
+    response = json.loads(FIXTURE.read_text())
+    choice = response["choices"][0]
+    per_token = choice["logprobs"]["content"]
+    choice["logprobs"]["content"] = [per_token[i % len(per_token)] for i in range(tokens)]
+    choice["token_ids"] = [choice["token_ids"][i % len(per_token)] for i in range(tokens)]
+    choice["message"]["content"] = "".join(t["token"] for t in choice["logprobs"]["content"])
+    choice["finish_reason"] = "length"
+    response["usage"]["completion_tokens"] = tokens
+    return json.dumps(response).encode()
+
+
+def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> list[float]:
+    """Gateway CPU ms per JSON request, per round, in front of the stand-in upstream."""
+    import tempfile
+
     port = free_port()
-    stand_in = multiprocessing.get_context("spawn").Process(target=_stand_in, args=(port, recorded.content),
-                                                            daemon=True)
+    stand_in = multiprocessing.get_context("spawn").Process(target=_stand_in, args=(port, response), daemon=True)
     stand_in.start()
     gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")),
                       ["--upstream-url", f"http://127.0.0.1:{port}"]).start()
@@ -164,8 +183,12 @@ def main() -> int:
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--upstream", help="use this running vLLM (serving reef-tiny) instead of starting one")
+    parser.add_argument("--stand-in-only", action="store_true",
+                        help="only the stand-in row, with no vLLM at all (its response from the test fixtures)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
     args = parser.parse_args()
+    if args.stand_in_only:
+        return _stand_in_only(args)
 
     engine = None
     if args.upstream:
@@ -183,7 +206,7 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     load_before = os.getloadavg()
     try:
-        stand_in = _stand_in_cpu(vllm_url, args.rounds, args.clients, args.tokens)
+        stand_in = _stand_in_cpu(_recorded(vllm_url, args.tokens), args.rounds, args.clients, args.tokens)
         stand_in_q = statistics.quantiles(stand_in, n=4)
         results["stand-in"] = {"gateway_cpu_ms_per_request": statistics.median(stand_in),
                                "gateway_cpu_ms_per_request_q1": stand_in_q[0],
@@ -283,6 +306,21 @@ def main() -> int:
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**results, "machine": machine}, indent=2))
+    return 0
+
+
+def _stand_in_only(args: argparse.Namespace) -> int:
+    load_before = os.getloadavg()[0]
+    rounds = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens)
+    q = statistics.quantiles(rounds, n=4)
+    console.print(f"gateway CPU per JSON request, stand-in upstream, {args.tokens} tok, median of {args.rounds} "
+                  f"rounds: [bold]{statistics.median(rounds):.2f} ms[/] [q1 {q[0]:.2f}, q3 {q[2]:.2f}], "
+                  f"min - max {min(rounds):.2f} - {max(rounds):.2f} (target <= 1 ms); machine: {os.cpu_count()} "
+                  f"cores, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    out = args.out.with_stem(args.out.stem + "_stand_in")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"stand-in": {"gateway_cpu_ms_per_request": statistics.median(rounds),
+                                                 "gateway_cpu_ms_per_request_rounds": rounds}}, indent=2))
     return 0
 
 
