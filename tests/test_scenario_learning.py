@@ -1,12 +1,14 @@
-"""Bring your own scenario, end to end: two scenarios declared only in a temp serve.yaml (eval files
-and reward functions in a module next to it, outside reef/; one recipe a user's own class), traffic
-through the gateway, one learner in one server running a round for each, the gate scoring with the
-user's rewards, an automatic release under `auto` and a dashboard approval under `approval`, and
-records, ledgers and chains kept apart."""
+"""The learner inside `reef serve`, with scenarios a user brings, end to end: two scenarios declared
+only in a temp serve.yaml (eval files and reward functions in a module next to it, outside reef/;
+one recipe a user's own class), traffic through the gateway, one learner in one server running a
+round for each in its own process while serving continues, the gate scoring with the user's
+rewards, an automatic release (hot-swapped at once) under `auto` and a dashboard approval under
+`approval`, no record trained on twice, and records, ledgers and chains kept apart."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -24,7 +26,6 @@ from reef.scenario import get_scenario
 from reef.traffic.simulate import simulate
 from tests.conftest import MODEL_NAME, TINY, Gateway
 from tests.test_dashboard import app, texts
-from tests.test_learner import _learner, _wait
 
 TOKEN = "byo-token"
 MIN_RECORDS = 24  # rewarded chats a round waits for; 320 chats at ~16% success give ~40
@@ -78,6 +79,20 @@ class SteadyRFT(RFT):
 '''
 
 
+def _learner(gw: Gateway) -> dict:
+    return httpx.get(f"{gw.url}/reef/status").json()["learner"]
+
+
+def _wait(gw: Gateway, until, timeout_s: float = 240.0) -> dict:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = _learner(gw)
+        if until(state):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"learner never got there: {state}")
+
+
 def _serve_yaml(folder: Path, learner: bool) -> None:
     rows = [json.dumps(demo.as_row(t)) for t in demo.eval_tasks()[:EVAL_TASKS]]
     (folder / "evals").mkdir(parents=True, exist_ok=True)
@@ -87,7 +102,6 @@ def _serve_yaml(folder: Path, learner: bool) -> None:
     (folder / "serve.yaml").write_text(yaml.safe_dump({
         "admin_token": TOKEN, "served_model_name": MODEL_NAME, "store": {"flush_interval_s": 0.2},
         "learner": {"enabled": learner, "interval_s": 1, "min_records": MIN_RECORDS},
-        "release": {"gate_samples": 2},
         "recipes": {
             # LoRA: a full-weight release would change the weights of the session's shared vLLM.
             "fast-rft": {"recipe": "rft", "params": {"min_score": 1.0, "kind": "lora", "max_steps": 30,
@@ -111,8 +125,8 @@ def _greedy(gw: Gateway, scenario: str, n: int = 8) -> list[str]:
 
 @pytest.mark.vllm
 def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Traffic first, learner after (a restart over the same data, as in test_learner.py): a round
-    # started on the first few rewarded chats would learn too little for the gate to tell.
+    # Traffic first, learner after (a restart over the same data): a round started on the first few
+    # rewarded chats would learn too little for the gate to tell (LoRA on ~10 samples, measured).
     recorder: Gateway = make_gateway("byo", extra_args=["--model", str(TINY)])
     _serve_yaml(recorder.workdir, learner=False)
     recorder.start()
@@ -123,21 +137,32 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
         assert summary.errors == 0 and sum(summary.scores) >= MIN_RECORDS, "need rewarded traffic to learn from"
     recorder.stop()
 
-    gw: Gateway = make_gateway("byo", extra_args=["--model", str(TINY)])
+    # Settings serve.yaml leaves out come from the environment (REEF_*).
+    gw: Gateway = make_gateway("byo", extra_args=["--model", str(TINY)], env={"REEF_RELEASE__GATE_SAMPLES": "2"})
     _serve_yaml(gw.workdir, learner=True)
     gw.start()
-    per = _learner(gw)["scenarios"]
+    learner = _learner(gw)
+    assert learner["enabled"] is True
+    per = learner["scenarios"]
     assert {name: s["recipe"] for name, s in per.items()} == {"support": "rft", "triage": "my_recipes:SteadyRFT"}
+    running = _wait(gw, lambda s: s["running"] or any(x["rounds"] >= 1 for x in s["scenarios"].values()))
+    if running["running"]:  # serving goes on while a round trains
+        reply = gw.client().chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=4)
+        assert reply.choices[0].message.content is not None
     done = _wait(gw, lambda s: all(x["rounds"] >= 1 for x in s["scenarios"].values()) and not s["running"],
                  timeout_s=480)
     support, triage = done["scenarios"]["support"], done["scenarios"]["triage"]
     assert support["last_error"] is None and triage["last_error"] is None, done
+    for one in (support, triage):
+        assert one["last_round"]["status"] == "trained" and one["last_round"]["candidate"], one["last_round"]
 
     # support (auto): selected by the gate on the user's reward, released and served at once.
     assert support["last_round"]["gate"]["decision"] == "select", support["last_round"]["gate"]
     assert support["last_round"]["release"] == "support@r1"
     status = httpx.get(f"{gw.url}/reef/status").json()["scenarios"]
-    assert status["support"]["serving"]["release_id"] == "support@r1"
+    serving = status["support"]["serving"]
+    assert serving["release_id"] == "support@r1" and serving["kind"] == "lora" and serving["error"] is None
     assert status["triage"]["serving_release"] == "triage@r0", "one scenario's release never moves another"
     after = _greedy(gw, "support")
     assert after != before, "the released adapter changes what support's users are served"
@@ -152,8 +177,9 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     data = gw.data_dir
     for name in ("support", "triage"):
         records = set(load(name, data).lazy().collect()["record_id"].to_list())
-        consumed = set(ledger.consumed(data / "ledger", name)["record_id"].to_list())
-        assert consumed and consumed <= records, name
+        ids = ledger.consumed(data / "ledger", name)["record_id"].to_list()
+        consumed = set(ids)
+        assert consumed and consumed <= records and len(ids) == len(consumed), name  # none trained on twice
         assert (data / "candidates" / name / "candidate.json").is_file()
     assert not (set(ledger.consumed(data / "ledger", "support")["record_id"].to_list())
                 & set(ledger.consumed(data / "ledger", "triage")["record_id"].to_list()))
@@ -176,3 +202,7 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
         assert client.releases("triage")["serving"]["release_id"] == "triage@r1"
         assert client.head("support") == "support@r1"
     assert _greedy(gw, "triage") != before
+
+    # Nothing new arrived: the learner counts nothing pending and trained no second round on the same ids.
+    later = _wait(gw, lambda s: s["pending"]["records"] == 0, timeout_s=30)
+    assert {name: x["rounds"] for name, x in later["scenarios"].items()} == {"support": 1, "triage": 1}, later
