@@ -33,11 +33,12 @@ MODEL_FIXTURES = {"tiny_model", "tiny", "vllm_url", "gateway", "make_gateway"}
 # collection order (the Makefile turns off its reordering by test count), so the long ones start
 # early instead of running alone at the end.
 LONGEST_FIRST = [
-    "tests/test_release_swap.py", "tests/test_tiny_model.py", "tests/test_dvc_pipeline.py",
-    "tests/test_serve_managed.py", "notebooks/01_explore_experience.ipynb", "notebooks/03_compare_and_release.ipynb",
-    "tests/test_scenario_learning.py", "tests/test_candidate_vllm.py", "tests/test_gateway.py",
-    "tests/test_scenarios.py", "notebooks/04_evolve_a_harness.ipynb", "tests/test_gate_engine.py",
-    "tests/test_learner.py", "tests/test_dashboard_browser.py", "tests/test_fuzz.py", "tests/test_contract.py",
+    "tests/test_dvc_pipeline.py", "tests/test_scenario_learning.py", "tests/test_release_swap.py",
+    "tests/test_candidate_vllm.py", "tests/test_serve_managed.py", "notebooks/01_explore_experience.ipynb",
+    "notebooks/03_compare_and_release.ipynb", "tests/test_dashboard_browser.py", "tests/test_gate_engine.py",
+    "notebooks/04_evolve_a_harness.ipynb", "tests/test_tiny_model.py", "tests/test_next_turn.py",
+    "tests/test_gateway.py", "tests/test_scenarios.py", "tests/test_crash.py", "tests/test_fuzz.py",
+    "tests/test_contract.py",
 ]
 
 

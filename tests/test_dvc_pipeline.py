@@ -55,8 +55,16 @@ def ran(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_project(tmp_path_factory.mktemp("dvc") / "project")
+def first_repro(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A project after its first `dvc repro`, and that run's output: every test of the module
+    starts from a trained candidate, whichever runs first."""
+    root = make_project(tmp_path_factory.mktemp("dvc") / "project")
+    return root, sh(root, "dvc", "repro")
+
+
+@pytest.fixture(scope="module")
+def repo(first_repro: tuple[Path, str]) -> Path:
+    return first_repro[0]
 
 
 def make_project(root: Path, scenarios: dict[str, Any] | None = None, serve_yaml: str | None = None) -> Path:
@@ -87,8 +95,8 @@ def make_project(root: Path, scenarios: dict[str, Any] | None = None, serve_yaml
     return root
 
 
-def test_repro_then_noop_then_param_change(repo: Path) -> None:
-    first = sh(repo, "dvc", "repro")
+def test_repro_then_noop_then_param_change(first_repro: tuple[Path, str]) -> None:
+    repo, first = first_repro
     assert ran(first) == ["demo-traffic", "snapshot", "train", "evaluate"]
     metrics = json.loads((repo / "data" / "metrics" / "demo-add.json").read_text())
     assert metrics["prompts"] == 80 and 0.0 <= metrics["candidate_success"] <= 1.0
