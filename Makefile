@@ -67,8 +67,9 @@ TINY := data/models/tiny
 PYTEST := $(BIN)/pytest -q -ra
 # The venv, the Debian packages and Pi install side by side (`-j3`); then the tests.
 test:
-	$(MAKE) -j3 --no-print-directory chromium pi tiny-status
-	@if [ -f $(VENV)/.tiny-current ]; then \
+	$(MAKE) -j3 --no-print-directory $(STAMP) chromium pi
+	@if $(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))"; \
+	then \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests notebooks --nbmake; \
 	else \
 	  mkdir -p test-artifacts; \
@@ -79,13 +80,6 @@ test:
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests notebooks --nbmake; rest=$$?; \
 	  exit $$(( free || rest )); \
 	fi
-
-# Whether the default model is current (corpus, seed, steps): `make test` decides how to start.
-.PHONY: tiny-status
-tiny-status: $(STAMP)
-	@rm -f $(VENV)/.tiny-current
-	@$(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))" \
-	  && touch $(VENV)/.tiny-current || true
 
 # JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.
 # Jupyter refuses to run as root unless told (containers, CI machines).
