@@ -219,7 +219,7 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
             assert client_response is not None
             content = orjson.dumps(client_response)  # once: the same bytes are sent and recorded
             await _commit(st, build_record(exchange, upstream_response, content))
-            st.metrics.latency.labels(scenario).observe(time.perf_counter() - started)
+            st.metrics.chat(scenario).latency.observe(time.perf_counter() - started)
             return _json(content, record_id, pick.release_id)
         except UpstreamError as exc:
             st.inflight.finish(record_id, False)
@@ -263,8 +263,9 @@ async def _commit(st: GatewayState, record: Record) -> None:
     st.metrics.durable_wait.observe(time.perf_counter() - waited)
     st.sessions.add(record.reply_hashes, record.session_id)
     st.inflight.finish(record.record_id, True)
-    st.metrics.records.labels(record.scenario).inc()
-    st.metrics.requests.labels(record.scenario, "200").inc()
+    bound = st.metrics.chat(record.scenario)
+    bound.records.inc()
+    bound.ok.inc()
 
 
 async def _relay(
@@ -296,7 +297,7 @@ async def _relay(
                 yield b"".join(out)
         committing = True
         await _commit(st, _stream_record(ex, acc, wants, started))
-        st.metrics.latency.labels(ex.scenario).observe(time.perf_counter() - started)
+        st.metrics.chat(ex.scenario).latency.observe(time.perf_counter() - started)
         yield _receipt(ex.record_id, acc.id, client_model)
         yield b"data: [DONE]\n\n"
     finally:

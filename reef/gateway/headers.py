@@ -40,5 +40,11 @@ def valid_id(value: str, param: str) -> str:
     return value
 
 
+_TAG = TAG_PREFIX.encode()
+
+
 def tags_of(request: Request) -> dict[str, str]:
-    return {k[len(TAG_PREFIX):]: v for k, v in request.headers.items() if k.startswith(TAG_PREFIX)}
+    # From the raw (already lower-cased) ASGI header list: `headers.items()` decodes every header
+    # of every chat call to find the few, usually none, that are tags.
+    return {k[len(_TAG):].decode("latin-1"): v.decode("latin-1")
+            for k, v in request.scope["headers"] if k.startswith(_TAG)}

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ChatMetrics(NamedTuple):
+    """One scenario's children of the metrics every chat call updates."""
+
+    ok: Any  # reef_chat_requests{status="200"}
+    records: Any
+    latency: Any
 
 
 class GatewayMetrics:
@@ -18,6 +28,7 @@ class GatewayMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self._chat: dict[str, ChatMetrics] = {}
         self.durable_wait = Histogram(
             "reef_record_durable_seconds", "Time from response ready to record fsynced",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
@@ -27,3 +38,13 @@ class GatewayMetrics:
             "reef_unflushed_records", "Records durable in the WAL but not yet in parquet", ["scenario"],
             registry=self.registry,
         )
+
+    def chat(self, scenario: str) -> ChatMetrics:
+        """Bound once per scenario (admission caps how many there are): `labels()` takes a lock and
+        builds a key on every call, three times per chat call."""
+        bound = self._chat.get(scenario)
+        if bound is None:
+            bound = self._chat[scenario] = ChatMetrics(
+                self.requests.labels(scenario, "200"), self.records.labels(scenario), self.latency.labels(scenario)
+            )
+        return bound
