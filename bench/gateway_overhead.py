@@ -9,7 +9,10 @@ it: on a busy machine every figure here grows, the CPU time per request included
 The steadiest of these figures comes first: the same JSON request through a second gateway whose
 upstream is a stand-in that answers every call at once with one real vLLM response, recorded from
 the engine at the start (64 tokens, token ids and logprobs). With no engine to wait for, rounds are
-short and vLLM does not compete for the cores, so it is the gateway's own cost per request.
+short and vLLM does not compete for the cores, so it is the gateway's own cost per request. Its
+rounds alternate with a bare uvicorn server (no Reef code: it answers the same load with the same
+bytes at once), the floor of any ASGI server under this client on this machine at that moment: on a
+shared machine both grow with the load, and gateway minus floor is what Reef itself adds.
 
 Then 16 concurrent clients, 64 completion tokens each (`ignore_eos`), non-streaming and streaming.
 Rounds alternate direct/gateway so drift on a shared machine hits both arms alike; the throughput
@@ -138,30 +141,77 @@ def _fixture_response(tokens: int) -> bytes:
     return json.dumps(response).encode()
 
 
-def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> list[float]:
-    """Gateway CPU ms per JSON request, per round, in front of the stand-in upstream."""
+def _bare_server(port: int, response: bytes) -> None:
+    """The floor: uvicorn alone, run as `reef serve` runs it (uvloop, httptools, no access log),
+    answering every request with `response` at once: no upstream call, no record, no Reef code."""
+    import uvicorn
+
+    async def app(scope: dict, receive, send) -> None:  # noqa: ANN001
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": response})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off",
+                loop="uvloop", http="httptools")
+
+
+def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> tuple[list[float], list[float]]:
+    """CPU ms per JSON request, per round: the gateway in front of the stand-in upstream, and a bare
+    uvicorn server answering the same load, rounds alternating. The bare server is the floor of any
+    ASGI server under this client on this machine right now: it grows with the load as the gateway's
+    figure does, so gateway minus floor (per round) is what Reef adds, steadier than either alone."""
     import tempfile
 
-    port = free_port()
-    stand_in = multiprocessing.get_context("spawn").Process(target=_stand_in, args=(port, response), daemon=True)
+    spawn = multiprocessing.get_context("spawn")
+    port, bare_port = free_port(), free_port()
+    stand_in = spawn.Process(target=_stand_in, args=(port, response), daemon=True)
     stand_in.start()
+    bare = spawn.Process(target=_bare_server, args=(bare_port, response), daemon=True)
+    bare.start()
     gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")),
                       ["--upstream-url", f"http://127.0.0.1:{port}"]).start()
     try:
-        assert gw.process is not None
-        proc = psutil.Process(gw.process.pid)
-        asyncio.run(_batch(gw.url, clients, 4, False, tokens))  # warm-up
-        per_round = []
+        assert gw.process is not None and bare.pid is not None
+        bare_url = f"http://127.0.0.1:{bare_port}"
+        with httpx.Client(timeout=1.0) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    http.get(bare_url)
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        arms = {"gateway": (gw.url, psutil.Process(gw.process.pid)), "bare": (bare_url, psutil.Process(bare.pid))}
+        for url, _ in arms.values():
+            asyncio.run(_batch(url, clients, 4, False, tokens))  # warm-up
+        per_round: dict[str, list[float]] = {"gateway": [], "bare": []}
         for r in range(rounds):
-            cpu0 = _cpu_s(proc)
-            _, lat, _ = asyncio.run(_batch(gw.url, clients, 20, False, tokens))
-            per_round.append((_cpu_s(proc) - cpu0) * 1000 / len(lat))
-            console.print(f"  stand-in round {r + 1}: {per_round[-1]:.2f} ms CPU per request")
-        return per_round
+            for arm in ("gateway", "bare") if r % 2 == 0 else ("bare", "gateway"):
+                url, proc = arms[arm]
+                cpu0 = _cpu_s(proc)
+                _, lat, _ = asyncio.run(_batch(url, clients, 20, False, tokens))
+                per_round[arm].append((_cpu_s(proc) - cpu0) * 1000 / len(lat))
+            console.print(f"  stand-in round {r + 1}: gateway {per_round['gateway'][-1]:.2f} ms CPU per request, "
+                          f"bare uvicorn {per_round['bare'][-1]:.2f}")
+        return per_round["gateway"], per_round["bare"]
     finally:
         gw.stop()
-        stand_in.terminate()
-        stand_in.join()
+        for p in (stand_in, bare):
+            p.terminate()
+            p.join()
+
+
+def _stand_in_results(gateway: list[float], bare: list[float]) -> dict[str, float | list[float]]:
+    q = statistics.quantiles(gateway, n=4)
+    added = [g - b for g, b in zip(gateway, bare, strict=True)]
+    return {"gateway_cpu_ms_per_request": statistics.median(gateway),
+            "gateway_cpu_ms_per_request_q1": q[0], "gateway_cpu_ms_per_request_q3": q[2],
+            "gateway_cpu_ms_per_request_rounds": gateway,
+            "bare_uvicorn_cpu_ms_per_request": statistics.median(bare), "bare_uvicorn_rounds": bare,
+            "reef_added_cpu_ms_per_request": statistics.median(added)}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -206,12 +256,8 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     load_before = os.getloadavg()
     try:
-        stand_in = _stand_in_cpu(_recorded(vllm_url, args.tokens), args.rounds, args.clients, args.tokens)
-        stand_in_q = statistics.quantiles(stand_in, n=4)
-        results["stand-in"] = {"gateway_cpu_ms_per_request": statistics.median(stand_in),
-                               "gateway_cpu_ms_per_request_q1": stand_in_q[0],
-                               "gateway_cpu_ms_per_request_q3": stand_in_q[2],
-                               "gateway_cpu_ms_per_request_rounds": stand_in}
+        results["stand-in"] = _stand_in_results(*_stand_in_cpu(_recorded(vllm_url, args.tokens), args.rounds,
+                                                               args.clients, args.tokens))
         idle_cpu = _idle_cpu_ms_per_s(proc)
         for stream in (False, True):
             mode = "stream" if stream else "json"
@@ -285,6 +331,10 @@ def main() -> int:
                     f"{r.get('gateway_cpu_ms_per_request_net_of_idle', r['gateway_cpu_ms_per_request']):.2f}",
                     "-" if mode == "stream" else "<= 1 ms")
     console.print(cpu)
+    floor = results["stand-in"]
+    console.print(f"bare uvicorn (the floor of any ASGI server here, alternating with the stand-in rounds): "
+                  f"{floor['bare_uvicorn_cpu_ms_per_request']:.2f} ms CPU per request; Reef adds "
+                  f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
     console.print(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
                   f"out of each round); machine: {os.cpu_count()} cores, load average "
                   f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
@@ -311,16 +361,19 @@ def main() -> int:
 
 def _stand_in_only(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()[0]
-    rounds = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens)
-    q = statistics.quantiles(rounds, n=4)
+    r = _stand_in_results(*_stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens))
+    rounds = r["gateway_cpu_ms_per_request_rounds"]
+    assert isinstance(rounds, list)
     console.print(f"gateway CPU per JSON request, stand-in upstream, {args.tokens} tok, median of {args.rounds} "
-                  f"rounds: [bold]{statistics.median(rounds):.2f} ms[/] [q1 {q[0]:.2f}, q3 {q[2]:.2f}], "
-                  f"min - max {min(rounds):.2f} - {max(rounds):.2f} (target <= 1 ms); machine: {os.cpu_count()} "
-                  f"cores, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+                  f"rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
+                  f"[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
+                  f"min - max {min(rounds):.2f} - {max(rounds):.2f} "
+                  f"(target <= 1 ms); bare uvicorn under the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, "
+                  f"so Reef adds {r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
+                  f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     out = args.out.with_stem(args.out.stem + "_stand_in")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stand-in": {"gateway_cpu_ms_per_request": statistics.median(rounds),
-                                                 "gateway_cpu_ms_per_request_rounds": rounds}}, indent=2))
+    out.write_text(json.dumps({"stand-in": r}, indent=2))
     return 0
 
 
