@@ -189,11 +189,14 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> tu
             asyncio.run(_batch(url, clients, 4, False, tokens))  # warm-up
         per_round: dict[str, list[float]] = {"gateway": [], "bare": []}
         for r in range(rounds):
+            # Each process's CPU over the whole pair of rounds, not just its own: what the gateway
+            # defers (the shard flush of its records) may run during the other arm's round.
+            cpu0 = {arm: _cpu_s(proc) for arm, (_, proc) in arms.items()}
+            served = {}
             for arm in ("gateway", "bare") if r % 2 == 0 else ("bare", "gateway"):
-                url, proc = arms[arm]
-                cpu0 = _cpu_s(proc)
-                _, lat, _ = asyncio.run(_batch(url, clients, 20, False, tokens))
-                per_round[arm].append((_cpu_s(proc) - cpu0) * 1000 / len(lat))
+                served[arm] = len(asyncio.run(_batch(arms[arm][0], clients, 20, False, tokens))[1])
+            for arm, (_, proc) in arms.items():
+                per_round[arm].append((_cpu_s(proc) - cpu0[arm]) * 1000 / served[arm])
             console.print(f"  stand-in round {r + 1}: gateway {per_round['gateway'][-1]:.2f} ms CPU per request, "
                           f"bare uvicorn {per_round['bare'][-1]:.2f}")
         return per_round["gateway"], per_round["bare"]
