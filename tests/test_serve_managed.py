@@ -18,12 +18,12 @@ from reef.engine.supervisor import free_port
 from tests.conftest import MODEL_NAME
 
 
-def test_managed_vllm_lifecycle(tiny_model: Path, tmp_path: Path) -> None:
+def test_managed_vllm_lifecycle(serving_model: Path, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("REEF_")}
     log = (tmp_path / "serve.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reef.cli", "serve", "--model", str(tiny_model), "--port", str(port),
+        [sys.executable, "-m", "reef.cli", "serve", "--model", str(serving_model), "--port", str(port),
          "--data-dir", str(tmp_path / "data")],
         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env={**env, "REEF_SERVED_MODEL_NAME": MODEL_NAME},
     )

@@ -1,7 +1,7 @@
 """Starts and supervises the vLLM OpenAI server that `reef serve` records in front of.
 
 vLLM runs as a subprocess in its own process group on a private loopback port; its API server
-spawns EngineCore and Worker processes into that group. The whole group goes down on every path:
+spawns EngineCore (and, on GPUs, Worker) processes into that group. The whole group goes down on every path:
 - `stop()` (SIGTERM or Ctrl-C of `reef serve`, or any exit through its `finally`) signals the group;
 - a gateway that dies without cleaning up (`kill -9`, a crash) closes the pipe of its reaper
   (reef/engine/reaper.py), which then signals the group; the API server also gets
@@ -130,6 +130,10 @@ class EngineSupervisor:
         if not _cuda_available():
             env.setdefault("VLLM_TARGET_DEVICE", "cpu")
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.engine.kv_cache_gib))
+            # The model runs inside EngineCore instead of a Worker process of its own: every vLLM
+            # process imports torch and vLLM (~15 s of CPU each on 2 cores), so a start takes
+            # ~15 s less and ~0.6 GB less; 32 concurrent 64-token chats ran as fast (1.8-2.5k tokens/s both ways).
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if Path(self.config.model_path).exists():
             env.setdefault("HF_HUB_OFFLINE", "1")
         cache = Path(self.config.data_dir).resolve() / "cache"
