@@ -127,10 +127,12 @@ def test_next_turn_learns_with_reports_off(gateway: Gateway, tiny: Path, tmp_pat
         pairs = [(list(p), list(c)) for p, c in rows.select("prompt_ids", completion).iter_rows()]
         return sum(_mean_logprob(trained, p, c) - _mean_logprob(base, p, c) for p, c in pairs) / len(pairs)
 
-    # Toward the replies the users thanked for, away from the ones they doubted.
+    # Away from the replies the users doubted, not away from the ones they thanked for. Only 4-10 of
+    # ~100 replies are thanked for (the traffic is sampled afresh each run), so their own gain is
+    # noise-sized after 12 steps (0.004-0.14 nats/token over 5 runs); the doubted ones lost 2.5-2.8.
     accepted, rejected = read.filter(pl.col("reward") == 1.0), read.filter(pl.col("reward") == 0.0)
-    assert delta(accepted) > 0.05
-    assert delta(rejected) < delta(accepted) - 0.1
+    assert delta(accepted) > -0.1
+    assert delta(rejected) < delta(accepted) - 1.0
     targets = rejected.filter(pl.col("hinted_reward") == 1.0)
     if targets.height:  # a retry the user then thanked for: its reply, distilled into the un-hinted prompt
         assert delta(targets, "hinted_completion_ids") > 0.0
