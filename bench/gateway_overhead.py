@@ -364,12 +364,12 @@ def main() -> int:
 
 def _stand_in_only(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()[0]
-    r = _stand_in_results(*_stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens))
-    rounds = r["gateway_cpu_ms_per_request_rounds"]
-    assert isinstance(rounds, list)
+    rounds, bare = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens)
+    r = _stand_in_results(rounds, bare)
+    # `\\[`: a literal bracket, not rich markup (rich drops an unknown tag such as "[q1 ...]").
     console.print(f"gateway CPU per JSON request, stand-in upstream, {args.tokens} tok, median of {args.rounds} "
                   f"rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
-                  f"[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
+                  f"\\[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
                   f"min - max {min(rounds):.2f} - {max(rounds):.2f} "
                   f"(target <= 1 ms); bare uvicorn under the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, "
                   f"so Reef adds {r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
