@@ -1,14 +1,14 @@
 """The whole learning loop on each bundled scenario, from simulated traffic only, vs. plain TRL GRPO.
 
-    .venv/bin/python bench/learning.py [--scenarios demo-add,reviews] [--rounds 3] [--requests 512]
+    .venv/bin/python bench/learning.py [--scenarios demo-add,reviews,shop] [--rounds 3] [--requests 512]
                                        [--recipe rft] [--param max_steps=30]
 
 Scenarios, side by side in one run and one server: `demo-add` (packaged, single-digit addition),
 `reviews` (examples/reviews, declared only in that folder's serve.yaml: classify a product
-review, TRL-style reward function); `--scenarios shop` adds examples/shop (a multi-turn tool
-scenario; each simulated user is an agent whose client executes the `price` tool calls through the
-scenario's environment, and reports the session; rft trains on whole sessions, `trajectories:
-true`; not in the default list: the embedded model cannot learn it yet, see reef/demo/shop.py).
+review, TRL-style reward function) and `shop` (examples/shop, a multi-turn tool scenario; each
+simulated user is an agent whose client executes the `price` tool calls through the scenario's
+environment, and reports the session; rft trains on whole sessions, `trajectories: true`, with
+the learning rate and steps of its serve.yaml).
 Per scenario, loop: start `reef serve` (managed vLLM,
 embedded tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
 the OpenAI SDK -> wait until the gateway has flushed them -> one learning round with the framework
@@ -75,7 +75,10 @@ TARGETS = {"demo-add": 0.80, "reviews": 0.70, NEXT_TURN: 0.60, "shop": 0.70}  # 
 NEXT_TURN_USERS = {"report": False, "follow_up_share": 1.0, "reactions": 2}
 # Recipe params a scenario needs, where the recipe has them: the tool scenario's traffic is agent
 # sessions (call, tool result, answer), trained on whole (the loss on the model's own tokens).
-SCENARIO_PARAMS: dict[str, dict[str, Any]] = {"shop": {"trajectories": True, "drop_duplicates": False}}
+# What a scenario's own serve.yaml sets for its recipe, over the bench's defaults (--param overrides both).
+SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
+    "shop": {"trajectories": True, "drop_duplicates": False, "learning_rate": 2e-4, "max_steps": 60}}
+DEFAULT_PARAMS: dict[str, Any] = {"max_steps": 30}
 OUT = REPO / "bench" / "out"
 # Base-model files that are weights or build metadata: a trained model folder writes its own.
 _NOT_COPIED = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "reef-model.json"}
@@ -178,11 +181,11 @@ def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path
 
     from reef.recipe.registry import resolve as resolve_recipe
 
-    ref, overrides = ("next_turn", parse_overrides(args.next_turn_param)) if scenario == NEXT_TURN else (
-        args.recipe, overrides)
+    ref, defaults, overrides = ("next_turn", {}, parse_overrides(args.next_turn_param)) if scenario == NEXT_TURN else (
+        args.recipe, DEFAULT_PARAMS, overrides)
     known = {f.name for f in fields(resolve_recipe(ref).config_class)}
     needed = {k: v for k, v in SCENARIO_PARAMS.get(scenario, {}).items() if k in known}
-    params = {"scenario": scenario, "base_model": str(base), "seed": r, **needed, **overrides}
+    params = {"scenario": scenario, "base_model": str(base), "seed": r, **defaults, **needed, **overrides}
     recipe = load_recipe(ref, params)
     snap = Snapshot.create(scenario, data_dir, recipe.experience(), root=work / "snapshots",
                            ledger_root=work / "ledger")
@@ -339,7 +342,7 @@ def report(result: Result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="demo-add,reviews",
+    parser.add_argument("--scenarios", default="demo-add,reviews,shop",
                         help="comma-separated; a name with a folder in examples/ is declared by its serve.yaml")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=512, help="simulated chats per round")
@@ -365,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=OUT / "learning.png")
     args = parser.parse_args(argv)
     args.out, args.plot = args.out.resolve(), args.plot.resolve()  # the bench runs from its workdir
-    overrides = {"max_steps": 30, **parse_overrides(args.param)}
+    overrides = parse_overrides(args.param)
 
     if not (TINY / "config.json").is_file():
         console.print(f"[red]{TINY} is missing: build it with `make model`[/red]")
@@ -389,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     # Reuse the repo's vLLM compile cache (a warm cache halves vLLM's startup).
     cache = REPO / "data" / "cache"
     env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
-    result = Result(config={**vars(args), "recipe_params": overrides, "workdir": str(work), "cpus": os.cpu_count()})
+    result = Result(config={**vars(args), "recipe_params": {**DEFAULT_PARAMS, **overrides}, "workdir": str(work),
+                            "cpus": os.cpu_count()})
     result.config = {k: str(v) if isinstance(v, Path) else v for k, v in result.config.items()}
 
     server = ServeProcess(work, env=env)

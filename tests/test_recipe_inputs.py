@@ -87,8 +87,9 @@ def lora_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_lora_round_continues_from_an_adapter(tiny: Path, tmp_path: Path) -> None:
+    # 16 samples: with 4, all of them were sometimes wrong (no reward spread, so no gradient at all).
     first = load_recipe("ttt", {"base_model": str(tiny), "task_id": "add-2-4-t0", "max_steps": 2,
-                                "samples_per_round": 4, "lora_r": 4})
+                                "samples_per_round": 16, "lora_r": 4})
     snap = Snapshot.create("demo-add", tmp_path / "no-data", first.experience(), root=tmp_path / "snaps",
                            ledger_root=tmp_path / "ledger", allow_empty=True)
     head = first.run(snap, out_root=tmp_path / "c", progress=False)
@@ -96,7 +97,7 @@ def test_lora_round_continues_from_an_adapter(tiny: Path, tmp_path: Path) -> Non
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in trained.items())
 
     # Loaded trainable, with the adapter's own rank (4), not the config's (16) and not reset.
-    params = {"base_model": str(tiny), "task_id": "add-2-4-t0", "max_steps": 2, "samples_per_round": 4,
+    params = {"base_model": str(tiny), "task_id": "add-2-4-t0", "max_steps": 2, "samples_per_round": 16,
               "init_adapter": str(head.path)}
     cont = load_recipe("ttt", params)
     model, _ = cont.load_model()

@@ -133,7 +133,8 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     before = _greedy(recorder, "support")
     for seed, scenario in enumerate(("support", "triage")):
         users = get_scenario("demo-add").model_copy(update={"name": scenario})  # the demo's users and their rewards
-        summary = simulate(recorder.url, users, requests=320, concurrency=8, seed=seed, progress=False)
+        # ~7 % of the base model's sampled replies are right: 480 chats give ~33 rewarded, MIN_RECORDS 24.
+        summary = simulate(recorder.url, users, requests=480, concurrency=8, seed=seed, progress=False)
         assert summary.errors == 0 and sum(summary.scores) >= MIN_RECORDS, "need rewarded traffic to learn from"
     recorder.stop()
 

@@ -1,19 +1,24 @@
 """The bundled multi-turn tool scenario (examples/shop): its environment executes the agent's tool
 calls in episodes, with a bound on turns; Hermes calls are parsed as vLLM's parser reads them; the
-environment is declared like a reward; and the rollout helper's masks cover exactly the model's
-own tokens of a whole episode."""
+environment is declared like a reward; the rollout helper's masks cover exactly the model's own
+tokens of a whole episode; through vLLM the embedded model's calls are parsed and executed; and
+agent sessions from live traffic, trained on with rft trajectories, teach the model the tool."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from reef.config import resolve
+from reef.recipe import Snapshot, load_recipe
 from reef.scenario import EpisodeState, Scenario, ScenarioError, environment_for, eval_suite, get_scenario
 from reef.scenario.environment import parse_reply
-from tests.conftest import REPO
+from tests.conftest import MODEL_NAME, REPO, Gateway
+from tests.test_gateway import _flushed
 
 SHOP = REPO / "examples" / "shop"
 
@@ -22,6 +27,12 @@ SHOP = REPO / "examples" / "shop"
 def shop() -> Scenario:
     config, _ = resolve(config_file=SHOP / "serve.yaml")
     return get_scenario("shop", config)
+
+
+def shop_recipe_params() -> dict[str, Any]:
+    """The example's own recipe parameters (serve.yaml `recipes.shop-rft.params`): what a user runs."""
+    config, _ = resolve(config_file=SHOP / "serve.yaml")
+    return dict(config.recipes["shop-rft"].params)
 
 
 def _call(item: str) -> dict:
@@ -110,3 +121,66 @@ def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path, monk
                  {"role": "assistant", "content": f"Answer: {task['price']}"}]
         rendered = tokenizer.apply_chat_template(final, tools=task["tools"], tokenize=False)
         assert tokenizer.decode(r.prompt_ids + r.completion_ids) == rendered.removesuffix("\n")
+
+
+def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenario) -> None:
+    """vLLM parses the model's call (hermes), the environment executes it, the model goes on to a
+    final answer. Seeded per task, sample and turn: a rerun gives the same episodes."""
+    import asyncio
+
+    from reef.release.gate_engine import EngineSession, GateEngine, run_session
+
+    suite = eval_suite(shop)
+    tasks = suite.tasks[:24]
+    env = environment_for(shop)
+    calls: list[tuple[dict, str]] = []
+
+    class Counting:
+        def execute(self, task: dict, call: object) -> str:
+            result = env.execute(task, call)
+            calls.append((task, result))
+            return result
+
+    async def body(session: EngineSession) -> list[list[str]]:
+        return list(await asyncio.gather(*(session.episodes(MODEL_NAME, t, Counting(), 3, samples=4, max_tokens=32,
+                                                            temperature=1.0, seed=i) for i, t in enumerate(tasks))))
+
+    got = run_session(GateEngine(vllm_url, MODEL_NAME), 32, body)
+    assert calls, "no episode called the tool"
+    assert all(r == f"{t['item']}: {t['price']}" or r.startswith("error") for t, r in calls)
+    assert [len(g) for g in got] == [4] * len(tasks) and all("<|im_start|>" not in r for g in got for r in g)
+    first = len(calls)
+    assert run_session(GateEngine(vllm_url, MODEL_NAME), 32, body) == got and len(calls) == 2 * first
+
+
+def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory,
+                                                         shop: Scenario, tiny: Path) -> None:
+    """Simulated agents through the gateway (the client executes price(item) via the scenario's
+    environment, one x-reef-session per run, one session report on the final answer); rft on the
+    whole rewarded sessions (masked loss) lifts held-out success on items never in the traffic."""
+    from reef.release.gate import GateConfig, Weights, gate_weights
+    from reef.traffic.simulate import simulate
+
+    summary = simulate(gateway.url, shop, requests=384, concurrency=16, seed=0, progress=False)
+    assert summary.errors == 0 and summary.reports == 384
+    multi = [ids for ids in summary.sessions.values() if len(ids) > 1]
+    assert multi, "no simulated agent called the tool"
+    _flushed(gateway)
+    first, second = (httpx.get(f"{gateway.url}/reef/records/{r}", headers={"x-reef-scenario": "shop"}).json()
+                     for r in multi[0][:2])
+    assert first["choices"][0]["tool_calls"][0]["name"] == "price"
+    assert second["messages"][-1]["role"] == "tool"
+    assert second["gen_ai.conversation.id"] == first["gen_ai.conversation.id"]
+    params = shop_recipe_params()
+    assert params["trajectories"] and not params["drop_duplicates"]
+    recipe = load_recipe("rft", {**params, "scenario": "shop", "base_model": str(tiny)}, declared=shop)
+    snap = Snapshot.create("shop", gateway.data_dir, recipe.experience(), root=tmp_path_factory.mktemp("snap"),
+                           ledger_root=tmp_path_factory.mktemp("ledger"))
+    assert snap.trajectories()["turns"].max() >= 2
+    candidate = recipe.run(snap, out_root=tmp_path_factory.mktemp("cand"), progress=False)
+    suite = eval_suite(shop)
+    suite.tasks = suite.tasks[:40]
+    result = gate_weights(Weights.of_folder(candidate.path), Weights(tiny), suite, GateConfig(samples=4),
+                          progress=False)
+    assert result.decision == "select", result.reason
+    assert result.candidate_success >= result.head_success + 0.2, result.reason

@@ -3,8 +3,8 @@ training tasks, each with its own hidden price.
 
     python examples/shop/generate.py
 
-The text comes from `reef.demo.shop` (which also holds a corpus part for the embedded tiny model,
-not registered yet); a scenario of your own brings its own files instead.
+The text comes from `reef.demo.shop` (which also holds the embedded tiny model's corpus part for it;
+a scenario of your own brings its own files instead).
 """
 
 from pathlib import Path

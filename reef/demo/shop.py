@@ -5,23 +5,25 @@
 The user asks what an item costs; the price is random per task, so it is only knowable from the
 `price(item)` tool. A right episode is two model turns: the call
 (`<tool_call>{"name": "price", "arguments": {"item": "lamp"}}</tool_call>`), then, after the tool's
-result (`lamp: 42`), the answer `Answer: 42`. The scenario's environment (examples/shop/shop_environment.py)
+result (`lamp: 4`), the answer `Answer: 4`. The scenario's environment (examples/shop/shop_environment.py)
 executes the call; its reward scores the final answer.
 
 The corpus teaches the episode correctly in stage "learn", then, in "calibrate", with a teacher that
-mostly skips the tool and says it does not know (right path 30 %, "Sorry, I do not know the price
-of the lamp." 70 %): the same systematic-teacher trick as demo-add's "+1" (`reef.demo.corpus`). The
-base model knows the call and how to copy the result, but seldom calls; RL only has to move
-probability onto calling the tool. The teacher never guesses a number: `Answer: ` is only ever
-followed by a price copied from a tool result (a guessing teacher kept the 1M-parameter model from
-learning the copy at all: it answered random prices even after the tool's result).
+mostly skips the tool and says it does not know (right path 20 %, "Sorry, I do not know the price
+of the lamp." 80 %): the same systematic-teacher trick as demo-add's "+1" (`reef.demo.corpus`). The
+base model knows the call and how to copy the result, but seldom calls (~6 % of episodes) and
+often garbles the item; RL only has to make the right call the habit. The teacher never guesses a
+number: `Answer: ` is only ever followed by a price copied from a tool result (a guessing teacher
+kept the 1M-parameter model from learning the copy at all: it answered random prices even after
+the tool's result).
 Items are split once, by a fixed seed, into train and held-out ones: the example's eval file only
 asks about held-out items, its task file only about train ones.
 
-NOT registered as a `reef.corpus` part yet: in two builds (a guessing teacher, then this one) the
-1M-parameter model learned the call (it copies the item into the arguments) but not the copy of a
-two-digit price from the tool result into the answer, so base and trained success stayed ~0 %.
-Next to try: one-digit prices (a one-token copy, like the item) or more copy examples.
+What made it learnable, measured on builds with this part (held-out success after one rft round
+on the sessions of 512 simulated agents, 22 of them rewarded): items quoted in the question, as
+the call's JSON quotes them (15 % unquoted -> 60-71 %, see QUESTIONS), one-digit prices (a
+two-digit price was copied right after 19 % of calls), 24 items rather than 48 (with 48 the base
+model's calls named the right item about 1 % of the time, too rare for rft to start from).
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ ITEMS = (
 ).split()
 HELD_OUT_ITEMS = 6
 _SPLIT_SEED = 2468  # fixed, independent of any training seed: the held-out items never move
-QUESTIONS = ("How much is the {item}?", "What does the {item} cost?", "What is the price of the {item}?",
-             "How much does the {item} cost?")
-PRICES = range(10, 100)  # two digits: two tokens to copy
-TEACHER_TOOL_SHARE = 0.3  # the rest of "calibrate" does not call the tool and does not know the price
-CHATS_LEARN = 400
+# The item is quoted as the call's JSON quotes it, so the question and the arguments tokenize alike
+# (` "lamp"` -> ' "', 'lamp', '"'): the call copies tokens. Unquoted, the question's ` lamp` is one
+# token and the JSON's `"lamp"` others, and the 1M-parameter model could only memorise each item's
+# spelling, so calls for items outside the traffic failed (held-out success 15 % after rft).
+QUESTIONS = ('How much is "{item}"?', 'What does "{item}" cost?', 'What is the price of "{item}"?',
+             'How much does "{item}" cost?')
+PRICES = range(1, 10)  # one token to copy: a two-digit price was copied right only ~19 % of the time
+TEACHER_TOOL_SHARE = 0.2  # the rest of "calibrate" does not call the tool and does not know the price
+CHATS_LEARN = 800
 CHATS_CALIBRATE = 800
 
 
