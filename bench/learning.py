@@ -73,9 +73,9 @@ NEXT_TURN = "demo-add-next-turn"  # demo-add with reports off, learning from the
 TARGETS = {"demo-add": 0.80, "reviews": 0.70, NEXT_TURN: 0.60, "shop": 0.70}  # best held-out; base <= 30 % for all
 # How the next-turn arm's users behave: no reports, every user reacts (at most twice).
 NEXT_TURN_USERS = {"report": False, "follow_up_share": 1.0, "reactions": 2}
-# Recipe params a scenario needs, where the recipe has them: the tool scenario's traffic is agent
-# sessions (call, tool result, answer), trained on whole (the loss on the model's own tokens).
-# What a scenario's own serve.yaml sets for its recipe, over the bench's defaults (--param overrides both).
+# Recipe params a scenario needs, where the recipe has them, over the bench's defaults (--param
+# overrides both): the tool scenario's traffic is agent sessions (call, tool result, answer),
+# trained on whole (the loss on the model's own tokens), at the lr and steps of its serve.yaml.
 SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
     "shop": {"trajectories": True, "drop_duplicates": False, "learning_rate": 2e-4, "max_steps": 60}}
 DEFAULT_PARAMS: dict[str, Any] = {"max_steps": 30}
