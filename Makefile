@@ -70,6 +70,8 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 # When the default model must be built first (a fresh clone, a changed corpus), the build takes one
 # core for minutes: the model-free tests (marked in tests/conftest.py; engine mechanics tests among
 # them serve a quick build) run on the other meanwhile.
+# The build is the longer of the two, so the model-free tests run niced: where their engines and
+# servers want more than their core, the build keeps its own.
 # The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
 # browser and Pi tests, in the second phase, need them.
 TEST_WORKERS ?= 2
@@ -87,7 +89,7 @@ test:
 	else \
 	  echo "building the default model in the background (log: test-artifacts/tiny-build.log)"; \
 	  $(BIN)/reef model build-tiny --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
-	  REEF_TEST_MODEL_FREE=1 $(PYTEST) -m model_free tests; free=$$?; \
+	  REEF_TEST_MODEL_FREE=1 nice -n 10 $(PYTEST) -m model_free tests; free=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
 	  debs_ready; \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests notebooks --nbmake; rest=$$?; \

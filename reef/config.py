@@ -102,6 +102,11 @@ class LimitsConfig(_Strict):
         default=True, description="false: only scenarios declared or already holding data or releases are served"
     )
     max_scenarios: int = Field(default=1000, ge=1, description="scenarios served at most; a new one past it: 403")
+    default_max_tokens: int | None = Field(
+        default=None, ge=1,
+        description="completion tokens per choice for a chat that sets neither max_tokens nor max_completion_tokens "
+                    "(None: the engine's default, up to its context length)",
+    )
 
 
 class ApiKey(_Strict):

@@ -39,7 +39,10 @@ MODEL_FREE_FILES = {
 # need a real vLLM serving a real checkpoint, not what the default model has learnt. In the
 # model-free phase their engines serve `serving_model`'s quick build; they must not ask for
 # `tiny_model` or `tiny` (the guard below fails them if they do).
-ANY_MODEL_FILES = {"test_serve_managed.py", "test_fuzz.py", "test_contract.py"}
+ANY_MODEL_FILES = {
+    "test_serve_managed.py", "test_fuzz.py", "test_contract.py", "test_gateway.py", "test_crash.py", "test_http1.py",
+    "test_cli.py", "test_any_upstream.py",
+}
 MIXED_FILES = {"test_tiny_model.py", "test_scenarios.py"}
 MODEL_FIXTURES = {"tiny_model", "tiny", "serving_model", "vllm_url", "gateway", "make_gateway"}
 QUICK_MODEL_STEPS = 120  # enough to learn the chat format and stop at <|im_end|>: replies stay short

@@ -21,16 +21,31 @@ from tests.conftest import MODEL_NAME, REPO, Gateway
 TOKEN = "fuzz-admin-token"
 HOOKS = "tests.schemathesis_hooks"
 CONFIG = REPO / "tests" / "fixtures" / "schemathesis.toml"
+DEFAULT_MAX_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
 def fuzz_gateway(vllm_url: str, serving_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp("fuzz")
-    # Releases on (the real model path), so admin routes run their real checks, not 503.
-    (work / "serve.yaml").write_text(yaml.safe_dump({"served_model_name": MODEL_NAME, "admin_token": TOKEN}))
+    # Releases on (the real model path), so admin routes run their real checks, not 503. A chat that
+    # names no length gets a few tokens: schemathesis sends valid bodies with n up to 128, and the
+    # engine's own default (its context length, for every choice) held it past the request timeout.
+    (work / "serve.yaml").write_text(yaml.safe_dump({"served_model_name": MODEL_NAME, "admin_token": TOKEN,
+                                                     "limits": {"default_max_tokens": DEFAULT_MAX_TOKENS}}))
     gw = Gateway(work, vllm_url, ["--model", str(serving_model)]).start()
     yield gw
     gw.stop()
+
+
+def test_a_chat_naming_no_length_gets_the_default_max_tokens(fuzz_gateway: Gateway) -> None:
+    client = fuzz_gateway.client()
+    ask = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me a long story."}],
+           "extra_body": {"ignore_eos": True}}  # vLLM's: the tiny model would often stop on its own first
+    got = client.chat.completions.create(n=3, **ask)
+    assert [c.finish_reason for c in got.choices] == ["length"] * 3
+    assert got.usage.completion_tokens == 3 * DEFAULT_MAX_TOKENS
+    longer = client.chat.completions.create(max_tokens=DEFAULT_MAX_TOKENS + 3, **ask)  # the client's own wins
+    assert longer.usage.completion_tokens == DEFAULT_MAX_TOKENS + 3
 
 
 def test_schemathesis_all_checks(fuzz_gateway: Gateway, tmp_path: Path) -> None:

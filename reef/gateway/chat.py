@@ -198,7 +198,8 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
         )
         if pick.arm is not None:
             st.canaries.assign(record_id, scenario, pick.arm)
-        up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids)
+        up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids,
+                                          st.config.limits.default_max_tokens)
 
         st.inflight.begin(record_id, scenario, body_hash)
         try:

@@ -26,11 +26,16 @@ class ClientWants:
     usage: bool
 
 
-def upstream_request(body: dict[str, Any], model: str, token_ids: bool = True) -> tuple[dict[str, Any], ClientWants]:
+def upstream_request(body: dict[str, Any], model: str, token_ids: bool = True,
+                     default_max_tokens: int | None = None) -> tuple[dict[str, Any], ClientWants]:
     """The body sent upstream; `token_ids`: the server takes vLLM's `return_token_ids` (a strict
-    OpenAI-compatible provider refuses unknown fields, so it only gets what the client sent)."""
+    OpenAI-compatible provider refuses unknown fields, so it only gets what the client sent).
+    `default_max_tokens` bounds a chat that names no length: vLLM would otherwise generate up to its
+    context length, for each of `n` choices, and one such request can hold a CPU engine for minutes."""
     up = dict(body)
     up["model"] = model
+    if default_max_tokens is not None and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        up["max_tokens"] = default_max_tokens
     up["logprobs"] = True
     if token_ids:
         up["return_token_ids"] = True
