@@ -38,6 +38,35 @@ def quick_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --- build ---------------------------------------------------------------------------------------
 
 
+def test_packed_batches_give_the_padded_batch_loss_and_gradients() -> None:
+    # The build packs a batch's documents into rows; transformers must keep attention within each
+    # document (it reads restarting position_ids as packed sequences). If that ever stops, tokens
+    # would attend across documents and the loss would silently differ from the padded batch's.
+    rng = random.Random(0)
+    docs = []
+    for _ in range(tiny.BATCH_SIZE):
+        ids = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 90))]
+        docs.append((ids, [-100 if rng.random() < 0.3 else i for i in ids]))
+    torch.manual_seed(0)
+    model = tiny.Qwen2ForCausalLM(tiny.Qwen2Config(vocab_size=256, pad_token_id=0, **tiny.MODEL_CONFIG))
+    width = max(len(ids) for ids, _ in docs)
+    ids = torch.zeros((len(docs), width), dtype=torch.long)
+    mask, labels = torch.zeros_like(ids), torch.full_like(ids, -100)
+    for row, (i, lab) in enumerate(docs):
+        ids[row, : len(i)], labels[row, : len(lab)], mask[row, : len(i)] = torch.tensor(i), torch.tensor(lab), 1
+    padded = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    padded.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    packed_ids, positions, packed_labels = tiny._pack(docs, tiny.MAX_DOC_TOKENS, pad_id=0)
+    assert packed_ids.numel() < 0.8 * ids.numel()  # the point of packing
+    packed = model(input_ids=packed_ids, position_ids=positions, labels=packed_labels, use_cache=False).loss
+    packed.backward()
+    assert torch.allclose(packed, padded, atol=1e-5), (packed.item(), padded.item())
+    assert all(torch.allclose(p.grad, g, atol=1e-5) for p, g in zip(model.parameters(), grads, strict=True))
+
+
+
 def test_same_seed_gives_identical_weights(quick_model: Path, tmp_path: Path) -> None:
     again = tiny.build_tiny(tmp_path / "b", seed=1, progress=False, steps=QUICK_STEPS, evaluate=False)
     assert tiny.weights_sha256(again) == tiny.weights_sha256(quick_model)

@@ -10,6 +10,12 @@ model already has onto the right mode: in a check, rejection-sampling fine-tunin
 took held-out success from 20% to 87% in one round (6 s) and ~100% in four (40 s) on CPU.
 Held-out pairs are in this warm start like every pair, but never in RL traffic: what must
 generalise to them is the shift from +1 to the right sum, not the arithmetic.
+
+"calibrate" also holds second tries: a wrong first answer, the demo users' doubt ("Are you sure?
+Check it and answer again.", reef.traffic.simulate), and a second answer that is right half the
+time. Re-prompted with the doubt, the model is then right about twice as often as at its first try,
+which is what gives the `next_turn` recipe hindsight targets to distil: without them the base
+model re-prompted with the doubt was never right, and next_turn learnt from its RL part alone.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import random
 
 from reef.demo import task as demo
 from reef.model.corpus import Chat
+from reef.traffic.simulate import FOLLOW_UP
 
 TEACHER_ACCURACY = 0.15
 TEACHER_OFF_BY_ONE = 0.65  # the rest is a uniformly random wrong number
@@ -25,6 +32,8 @@ TEACHER_OFF_BY_ONE = 0.65  # the rest is a uniformly random wrong number
 # so the model sees each prompt's mix of answers rather than one fixed wrong answer.
 TASK_COPIES_LEARN = 6
 TASK_COPIES_CALIBRATE = 12
+RETRY_CHATS = 800
+RETRY_ACCURACY = 0.5  # of the second answer, after the doubt; the first is always wrong
 
 
 def teacher_answer(rng: random.Random, answer: int, accuracy: float) -> int:
@@ -45,6 +54,20 @@ def task_chats(rng: random.Random, accuracy: float, copies: int) -> list[Chat]:
     return chats
 
 
+def retry_chats(rng: random.Random, n: int) -> list[Chat]:
+    tasks = demo.all_tasks()
+    chats = []
+    for _ in range(n):
+        task = rng.choice(tasks)
+        first = teacher_answer(rng, task.answer, 0.0)
+        second = task.answer if rng.random() < RETRY_ACCURACY else teacher_answer(rng, task.answer, 0.0)
+        chats.append([*task.messages, {"role": "assistant", "content": demo.format_answer(first)},
+                      {"role": "user", "content": FOLLOW_UP},
+                      {"role": "assistant", "content": demo.format_answer(second)}])
+    return chats
+
+
 def contribution(rng: random.Random) -> dict[str, list[Chat]]:
-    return {"learn": task_chats(rng, 1.0, TASK_COPIES_LEARN),
-            "calibrate": task_chats(rng, TEACHER_ACCURACY, TASK_COPIES_CALIBRATE)}
+    learn = task_chats(rng, 1.0, TASK_COPIES_LEARN)
+    calibrate = task_chats(rng, TEACHER_ACCURACY, TASK_COPIES_CALIBRATE)
+    return {"learn": learn, "calibrate": calibrate + retry_chats(rng, RETRY_CHATS)}

@@ -9,10 +9,10 @@ result (`lamp: 4`), the answer `Answer: 4`. The scenario's environment (examples
 executes the call; its reward scores the final answer.
 
 The corpus teaches the episode correctly in stage "learn", then, in "calibrate", with a teacher that
-mostly skips the tool and says it does not know (right path 20 %, "Sorry, I do not know the price
-of the lamp." 80 %): the same systematic-teacher trick as demo-add's "+1" (`reef.demo.corpus`). The
-base model knows the call and how to copy the result, but seldom calls (~6 % of episodes) and
-often garbles the item; RL only has to make the right call the habit. The teacher never guesses a
+mostly skips the tool and says it does not know (right path 35 %, "Sorry, I do not know the price
+of the lamp." 65 %): the same systematic-teacher trick as demo-add's "+1" (`reef.demo.corpus`). The
+base model knows the call and how to copy the result, but seldom calls and often garbles the item
+(held-out success ~15 %); RL only has to make the right call the habit. The teacher never guesses a
 number: `Answer: ` is only ever followed by a price copied from a tool result (a guessing teacher
 kept the 1M-parameter model from learning the copy at all: it answered random prices even after
 the tool's result).
@@ -23,7 +23,10 @@ What made it learnable, measured on builds with this part (held-out success afte
 on the sessions of 512 simulated agents, 22 of them rewarded): items quoted in the question, as
 the call's JSON quotes them (15 % unquoted -> 60-71 %, see QUESTIONS), one-digit prices (a
 two-digit price was copied right after 19 % of calls), 24 items rather than 48 (with 48 the base
-model's calls named the right item about 1 % of the time, too rare for rft to start from).
+model's calls named the right item about 1 % of the time, too rare for rft to start from), and a
+teacher on the right path 35 % of the time rather than 20 %: at 20 % the base model's success was
+2-4 %, and whether 10 or 20 rewarded sessions of a round were enough depended on the build's float
+rounding (three builds, the same code on two machines and a packed-batch build: 72, 51 and 24 % best).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ _SPLIT_SEED = 2468  # fixed, independent of any training seed: the held-out item
 QUESTIONS = ('How much is "{item}"?', 'What does "{item}" cost?', 'What is the price of "{item}"?',
              'How much does "{item}" cost?')
 PRICES = range(1, 10)  # one token to copy: a two-digit price was copied right only ~19 % of the time
-TEACHER_TOOL_SHARE = 0.2  # the rest of "calibrate" does not call the tool and does not know the price
+TEACHER_TOOL_SHARE = 0.35  # the rest of "calibrate" does not call the tool and does not know the price
 CHATS_LEARN = 800
 CHATS_CALIBRATE = 800
 
