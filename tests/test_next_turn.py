@@ -116,8 +116,9 @@ def test_next_turn_learns_with_reports_off(gateway: Gateway, tiny: Path, tmp_pat
     candidate = recipe.run(snap, out_root=tmp_path / "candidates", progress=False)
     m = candidate.metrics
     assert m["rl_samples"] > 0 and m["accepted"] > 0 and m["rejected"] > 0, m
-    # The tiny model re-prompted with the doubt is rarely right, so hinted targets may be few or none.
-    assert m["distil_samples"] == m["distil_recorded_targets"] + m["distil_fresh_targets"], m
+    # Re-prompted with the doubt the tiny model is right about twice as often as at its first try (its
+    # corpus holds second tries), so hindsight gives targets: 39-48 of them in 4 runs.
+    assert m["distil_samples"] == m["distil_recorded_targets"] + m["distil_fresh_targets"] > 0, m
     assert candidate.training_log and "distil_nll" in candidate.training_log[0]
 
     base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
@@ -127,12 +128,13 @@ def test_next_turn_learns_with_reports_off(gateway: Gateway, tiny: Path, tmp_pat
         pairs = [(list(p), list(c)) for p, c in rows.select("prompt_ids", completion).iter_rows()]
         return sum(_mean_logprob(trained, p, c) - _mean_logprob(base, p, c) for p, c in pairs) / len(pairs)
 
-    # Away from the replies the users doubted, not away from the ones they thanked for. Only 4-10 of
-    # ~100 replies are thanked for (the traffic is sampled afresh each run), so their own gain is
-    # noise-sized after 12 steps (0.004-0.14 nats/token over 5 runs); the doubted ones lost 2.5-2.8.
+    # Away from the replies the users doubted, not away from the ones they thanked for. 19-30 of ~100
+    # replies are thanked for (the traffic is sampled afresh each run); over 4 runs the thanked ones
+    # gained -0.01 to +0.16 nats/token after 12 steps and the doubted ones lost 0.37-0.52, a gap of
+    # 0.51-0.57 (the hinted targets, right answers on the same prompts, pull the other way).
     accepted, rejected = read.filter(pl.col("reward") == 1.0), read.filter(pl.col("reward") == 0.0)
     assert delta(accepted) > -0.1
-    assert delta(rejected) < delta(accepted) - 1.0
+    assert delta(rejected) < min(-0.2, delta(accepted) - 0.3)
     targets = rejected.filter(pl.col("hinted_reward") == 1.0)
     if targets.height:  # a retry the user then thanked for: its reply, distilled into the un-hinted prompt
         assert delta(targets, "hinted_completion_ids") > 0.0
