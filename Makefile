@@ -70,8 +70,9 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 # When the default model must be built first (a fresh clone, a changed corpus), the build takes one
 # core for minutes: the model-free tests (marked in tests/conftest.py; engine mechanics tests among
 # them serve a quick build) run on the other meanwhile.
-# The build is the longer of the two, so the model-free tests run niced: where their engines and
-# servers want more than their core, the build keeps its own.
+# On a slow machine the build is the longer of the two (694 s against 500 s for the tests, once), so
+# the model-free tests run niced: where their engines and servers want more than their core, the
+# build keeps its own.
 # The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
 # browser and Pi tests, in the second phase, need them.
 TEST_WORKERS ?= 2
