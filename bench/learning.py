@@ -73,11 +73,6 @@ NEXT_TURN = "demo-add-next-turn"  # demo-add with reports off, learning from the
 TARGETS = {"demo-add": 0.80, "reviews": 0.70, NEXT_TURN: 0.60, "shop": 0.70}  # best held-out; base <= 30 % for all
 # How the next-turn arm's users behave: no reports, every user reacts (at most twice).
 NEXT_TURN_USERS = {"report": False, "follow_up_share": 1.0, "reactions": 2}
-# Recipe params a scenario needs, where the recipe has them, over the bench's defaults (--param
-# overrides both): the tool scenario's traffic is agent sessions (call, tool result, answer),
-# trained on whole (the loss on the model's own tokens), at the lr and steps of its serve.yaml.
-SCENARIO_PARAMS: dict[str, dict[str, Any]] = {
-    "shop": {"trajectories": True, "drop_duplicates": False, "learning_rate": 2e-4, "max_steps": 60}}
 DEFAULT_PARAMS: dict[str, Any] = {"max_steps": 30}
 OUT = REPO / "bench" / "out"
 # Base-model files that are weights or build metadata: a trained model folder writes its own.
@@ -174,6 +169,19 @@ def quiet(log: Path) -> Iterator[None]:
         yield
 
 
+def example_params(scenario: str) -> dict[str, Any]:
+    """The recipe params an example's serve.yaml gives its scenario (`recipes.<its recipe>.params`):
+    what that user's learner would train with, e.g. shop's whole sessions (`trajectories`) at its own
+    lr and steps. Taken where the bench's recipe has them, over DEFAULT_PARAMS (--param overrides both)."""
+    path = REPO / "examples" / scenario / "serve.yaml"
+    if not path.is_file():
+        return {}
+    config, _ = resolve(config_file=path)
+    declared = config.scenarios.get(scenario)
+    entry = config.recipes.get(declared.recipe) if declared is not None and declared.recipe else None
+    return dict(entry.params) if entry is not None else {}
+
+
 def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path, args: argparse.Namespace,
                    overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], float, float]:
     """Snapshot the new traffic, train a candidate on it, evaluate it on the held-out prompts."""
@@ -184,7 +192,7 @@ def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path
     ref, defaults, overrides = ("next_turn", {}, parse_overrides(args.next_turn_param)) if scenario == NEXT_TURN else (
         args.recipe, DEFAULT_PARAMS, overrides)
     known = {f.name for f in fields(resolve_recipe(ref).config_class)}
-    needed = {k: v for k, v in SCENARIO_PARAMS.get(scenario, {}).items() if k in known}
+    needed = {k: v for k, v in example_params(scenario).items() if k in known}
     params = {"scenario": scenario, "base_model": str(base), "seed": r, **defaults, **needed, **overrides}
     recipe = load_recipe(ref, params)
     snap = Snapshot.create(scenario, data_dir, recipe.experience(), root=work / "snapshots",

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reef.config import resolve
+from reef.config import ServeConfig, resolve
 from reef.recipe import Snapshot, load_recipe
 from reef.scenario import EpisodeState, Scenario, ScenarioError, environment_for, eval_suite, get_scenario
 from reef.scenario.environment import parse_reply
@@ -24,15 +24,19 @@ SHOP = REPO / "examples" / "shop"
 
 
 @pytest.fixture(scope="module")
-def shop() -> Scenario:
-    config, _ = resolve(config_file=SHOP / "serve.yaml")
-    return get_scenario("shop", config)
+def shop_config() -> ServeConfig:
+    return resolve(config_file=SHOP / "serve.yaml")[0]
 
 
-def shop_recipe_params() -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def shop(shop_config: ServeConfig) -> Scenario:
+    return get_scenario("shop", shop_config)
+
+
+@pytest.fixture(scope="module")
+def shop_recipe_params(shop_config: ServeConfig) -> dict[str, Any]:
     """The example's own recipe parameters (serve.yaml `recipes.shop-rft.params`): what a user runs."""
-    config, _ = resolve(config_file=SHOP / "serve.yaml")
-    return dict(config.recipes["shop-rft"].params)
+    return dict(shop_config.recipes["shop-rft"].params)
 
 
 def _call(item: str) -> dict:
@@ -154,7 +158,8 @@ def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenari
 
 
 def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory,
-                                                         shop: Scenario, tiny: Path) -> None:
+                                                         shop: Scenario, shop_recipe_params: dict[str, Any],
+                                                         tiny: Path) -> None:
     """Simulated agents through the gateway (the client executes price(item) via the scenario's
     environment, one x-reef-session per run, one session report on the final answer); rft on the
     whole rewarded sessions (masked loss) lifts held-out success on items never in the traffic."""
@@ -171,7 +176,7 @@ def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_p
     assert first["choices"][0]["tool_calls"][0]["name"] == "price"
     assert second["messages"][-1]["role"] == "tool"
     assert second["gen_ai.conversation.id"] == first["gen_ai.conversation.id"]
-    params = shop_recipe_params()
+    params = shop_recipe_params
     assert params["trajectories"] and not params["drop_duplicates"]
     recipe = load_recipe("rft", {**params, "scenario": "shop", "base_model": str(tiny)}, declared=shop)
     snap = Snapshot.create("shop", gateway.data_dir, recipe.experience(), root=tmp_path_factory.mktemp("snap"),
