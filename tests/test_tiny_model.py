@@ -66,7 +66,6 @@ def test_packed_batches_give_the_padded_batch_loss_and_gradients() -> None:
     assert all(torch.allclose(p.grad, g, atol=1e-5) for p, g in zip(model.parameters(), grads, strict=True))
 
 
-
 def test_same_seed_gives_identical_weights(quick_model: Path, tmp_path: Path) -> None:
     again = tiny.build_tiny(tmp_path / "b", seed=1, progress=False, steps=QUICK_STEPS, evaluate=False)
     assert tiny.weights_sha256(again) == tiny.weights_sha256(quick_model)
