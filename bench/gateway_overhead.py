@@ -13,6 +13,11 @@ short and vLLM does not compete for the cores, so it is the gateway's own cost p
 rounds alternate with a bare uvicorn server (no Reef code: it answers the same load with the same
 bytes at once), the floor of any ASGI server under this client on this machine at that moment: on a
 shared machine both grow with the load, and gateway minus floor is what Reef itself adds.
+That row is measured twice, under two load generators: wrk (C, 16 connections; `make bench`
+installs Debian's wrk), the lead figure, and then this script's own httpx client (16 asyncio
+clients), which shares the 2 cores with what it measures and costs more CPU per request than the
+servers do: under it every server's CPU per request grows (the bare server's about 5x), so the
+httpx row is the gateway beside a busy Python neighbour, and the figure earlier runs quoted.
 
 Then 16 concurrent clients, 64 completion tokens each (`ignore_eos`), non-streaming and streaming.
 Rounds alternate direct/gateway so drift on a shared machine hits both arms alike; the throughput
@@ -20,7 +25,7 @@ ratio (gateway / direct) is the median of the per-round ratios (>= 10 rounds: th
 to 2.0 here). Also the added p50/p99 latency; targets: ratio >= 0.95, added p50 <= 2 ms.
 
     .venv/bin/python bench/gateway_overhead.py [--rounds 10] [--requests-per-client 4]
-    .venv/bin/python bench/gateway_overhead.py --stand-in-only   # the first row alone, no vLLM needed
+    .venv/bin/python bench/gateway_overhead.py --stand-in-only   # the stand-in rows alone, no vLLM needed
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ import asyncio
 import json
 import multiprocessing
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,8 +63,7 @@ console = Console()
 
 
 async def _batch(url: str, clients: int, per_client: int, stream: bool, tokens: int) -> tuple[float, list[float], int]:
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "What is 3 + 4?"}],
-            "max_tokens": tokens, "ignore_eos": True, "temperature": 1.0, "stream": stream}
+    body = _request_body(tokens, stream)
     latencies: list[float] = []
     produced = 0
 
@@ -156,11 +163,35 @@ def _bare_server(port: int, response: bytes) -> None:
                 loop="uvloop", http="httptools")
 
 
-def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> tuple[list[float], list[float]]:
+def _request_body(tokens: int, stream: bool = False) -> dict[str, object]:
+    return {"model": MODEL_NAME, "messages": [{"role": "user", "content": "What is 3 + 4?"}],
+            "max_tokens": tokens, "ignore_eos": True, "temperature": 1.0, "stream": stream}
+
+
+def _wrk(url: str, seconds: float, connections: int, script: Path) -> int:
+    """One round of wrk (C, one thread) posting the chat body: the requests answered. Any non-2xx
+    answer or socket error fails the bench: CPU per request is only meaningful for served ones."""
+    done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script),
+                           f"{url}/v1/chat/completions"], capture_output=True, text=True, check=True)
+    if "Non-2xx" in done.stdout or "Socket errors" in done.stdout:
+        raise RuntimeError(f"wrk saw failed requests:\n{done.stdout}")
+    match = re.search(r"(\d+) requests in", done.stdout)
+    if match is None:
+        raise RuntimeError(f"unexpected wrk output:\n{done.stdout}")
+    return int(match.group(1))
+
+
+def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
+                  load: str) -> tuple[list[float], list[float]]:
     """CPU ms per JSON request, per round: the gateway in front of the stand-in upstream, and a bare
     uvicorn server answering the same load, rounds alternating. The bare server is the floor of any
     ASGI server under this client on this machine right now: it grows with the load as the gateway's
-    figure does, so gateway minus floor (per round) is what Reef adds, steadier than either alone."""
+    figure does, so gateway minus floor (per round) is what Reef adds, steadier than either alone.
+
+    `load`: `wrk` (C, one thread, `clients` connections, 4 s a round) or `httpx` (this process's
+    asyncio client, `clients` x 20 requests a round). On 2 cores the load generator shares the
+    machine with what it measures: httpx burns more CPU per request than the servers it drives, and
+    every process's CPU per request grows under that contention (the bare server's about 5x)."""
     import tempfile
 
     spawn = multiprocessing.get_context("spawn")
@@ -169,8 +200,11 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> tu
     stand_in.start()
     bare = spawn.Process(target=_bare_server, args=(bare_port, response), daemon=True)
     bare.start()
-    gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")),
-                      ["--upstream-url", f"http://127.0.0.1:{port}"]).start()
+    work = Path(tempfile.mkdtemp(prefix="reef-bench-"))
+    script = work / "chat.lua"
+    script.write_text(f"wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+                      f"wrk.body = {json.dumps(json.dumps(_request_body(tokens)))}\n")
+    gw = ServeProcess(work, ["--upstream-url", f"http://127.0.0.1:{port}"]).start()
     try:
         assert gw.process is not None and bare.pid is not None
         bare_url = f"http://127.0.0.1:{bare_port}"
@@ -185,8 +219,14 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> tu
                         raise
                     time.sleep(0.1)
         arms = {"gateway": (gw.url, psutil.Process(gw.process.pid)), "bare": (bare_url, psutil.Process(bare.pid))}
+
+        def one_round(url: str, warm_up: bool = False) -> int:
+            if load == "wrk":
+                return _wrk(url, 1 if warm_up else 4, clients, script)
+            return len(asyncio.run(_batch(url, clients, 4 if warm_up else 20, False, tokens))[1])
+
         for url, _ in arms.values():
-            asyncio.run(_batch(url, clients, 4, False, tokens))  # warm-up
+            one_round(url, warm_up=True)
         per_round: dict[str, list[float]] = {"gateway": [], "bare": []}
         for r in range(rounds):
             # Each process's CPU over the whole pair of rounds, not just its own: what the gateway
@@ -194,17 +234,30 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int) -> tu
             cpu0 = {arm: _cpu_s(proc) for arm, (_, proc) in arms.items()}
             served = {}
             for arm in ("gateway", "bare") if r % 2 == 0 else ("bare", "gateway"):
-                served[arm] = len(asyncio.run(_batch(arms[arm][0], clients, 20, False, tokens))[1])
+                served[arm] = one_round(arms[arm][0])
             for arm, (_, proc) in arms.items():
                 per_round[arm].append((_cpu_s(proc) - cpu0[arm]) * 1000 / served[arm])
-            console.print(f"  stand-in round {r + 1}: gateway {per_round['gateway'][-1]:.2f} ms CPU per request, "
-                          f"bare uvicorn {per_round['bare'][-1]:.2f}")
+            console.print(f"  stand-in round {r + 1} ({load}): gateway {per_round['gateway'][-1]:.2f} ms CPU per "
+                          f"request, bare uvicorn {per_round['bare'][-1]:.2f}")
         return per_round["gateway"], per_round["bare"]
     finally:
         gw.stop()
         for p in (stand_in, bare):
             p.terminate()
             p.join()
+
+
+# The stand-in rows, by load generator: wrk leads (the gateway's own cost), httpx follows (the
+# figure earlier READMEs quote, and what a Python client on the same 2 cores sees).
+STAND_IN = {"wrk": "stand-in", "httpx": "stand-in, httpx"}
+
+
+def _loads() -> list[str]:
+    if shutil.which("wrk"):
+        return ["wrk", "httpx"]
+    console.print("[yellow]wrk is not installed (`make bench` installs Debian's wrk): only the httpx rows, whose "
+                  "client shares the cores with the gateway and inflates its CPU per request[/]")
+    return ["httpx"]
 
 
 def _stand_in_results(gateway: list[float], bare: list[float]) -> dict[str, float | list[float]]:
@@ -259,8 +312,10 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     load_before = os.getloadavg()
     try:
-        results["stand-in"] = _stand_in_results(*_stand_in_cpu(_recorded(vllm_url, args.tokens), args.rounds,
-                                                               args.clients, args.tokens))
+        recorded = _recorded(vllm_url, args.tokens)
+        for load in _loads():
+            results[STAND_IN[load]] = _stand_in_results(*_stand_in_cpu(recorded, args.rounds, args.clients,
+                                                                       args.tokens, load))
         idle_cpu = _idle_cpu_ms_per_s(proc)
         for stream in (False, True):
             mode = "stream" if stream else "json"
@@ -324,20 +379,22 @@ def main() -> int:
                       f"{args.rounds} rounds [q1, q3]")
     for col in ("mode", "CPU ms / request", "min - max", "net of idle", "target"):
         cpu.add_column(col, justify="right")
-    for mode in ("stand-in", "json", "stream"):
+    for mode in [m for m in (*STAND_IN.values(), "json", "stream") if m in results]:
         r = results[mode]
         per_round = r["gateway_cpu_ms_per_request_rounds"]
-        label = f"{'json, stand-in upstream' if mode == 'stand-in' else mode + ', vLLM'}, {args.tokens} tok"
+        where = mode.replace("stand-in", "json, stand-in upstream") if mode in STAND_IN.values() else f"{mode}, vLLM"
+        label = f"{where}, {args.tokens} tok"
         cpu.add_row(label, f"{r['gateway_cpu_ms_per_request']:.2f} "
                     f"[{r['gateway_cpu_ms_per_request_q1']:.2f}, {r['gateway_cpu_ms_per_request_q3']:.2f}]",
                     f"{min(per_round):.2f} - {max(per_round):.2f}",
                     f"{r.get('gateway_cpu_ms_per_request_net_of_idle', r['gateway_cpu_ms_per_request']):.2f}",
                     "-" if mode == "stream" else "<= 1 ms")
     console.print(cpu)
-    floor = results["stand-in"]
-    console.print(f"bare uvicorn (the floor of any ASGI server here, alternating with the stand-in rounds): "
-                  f"{floor['bare_uvicorn_cpu_ms_per_request']:.2f} ms CPU per request; Reef adds "
-                  f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
+    for mode in [m for m in STAND_IN.values() if m in results]:
+        floor = results[mode]
+        console.print(f"bare uvicorn ({mode}: the floor of any ASGI server here, alternating with those rounds): "
+                      f"{floor['bare_uvicorn_cpu_ms_per_request']:.2f} ms CPU per request; Reef adds "
+                      f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
     console.print(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
                   f"out of each round); machine: {os.cpu_count()} cores, load average "
                   f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
@@ -347,7 +404,7 @@ def main() -> int:
                 "added p99 ms"):
         table.add_column(col, justify="right")
     for mode, r in results.items():
-        if mode == "stand-in":
+        if mode in STAND_IN.values():
             continue
         if "throughput_ratio" in r:
             table.add_row(mode, f"{r['direct_tok_s']:.0f}", f"{r['gateway_tok_s']:.0f}",
@@ -363,20 +420,22 @@ def main() -> int:
 
 
 def _stand_in_only(args: argparse.Namespace) -> int:
-    load_before = os.getloadavg()[0]
-    rounds, bare = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens)
-    r = _stand_in_results(rounds, bare)
-    # `\\[`: a literal bracket, not rich markup (rich drops an unknown tag such as "[q1 ...]").
-    console.print(f"gateway CPU per JSON request, stand-in upstream, {args.tokens} tok, median of {args.rounds} "
-                  f"rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
-                  f"\\[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
-                  f"min - max {min(rounds):.2f} - {max(rounds):.2f} "
-                  f"(target <= 1 ms); bare uvicorn under the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, "
-                  f"so Reef adds {r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
-                  f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    out = args.out.with_stem(args.out.stem + "_stand_in")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stand-in": r}, indent=2))
+    out: dict[str, dict[str, float | list[float]]] = {}
+    for load in _loads():
+        load_before = os.getloadavg()[0]
+        rounds, bare = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens, load)
+        r = out[STAND_IN[load]] = _stand_in_results(rounds, bare)
+        # `\\[`: a literal bracket, not rich markup (rich drops an unknown tag such as "[q1 ...]").
+        console.print(f"gateway CPU per JSON request, stand-in upstream, {load} load, {args.tokens} tok, median of "
+                      f"{args.rounds} rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
+                      f"\\[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
+                      f"min - max {min(rounds):.2f} - {max(rounds):.2f} (target <= 1 ms); bare uvicorn under "
+                      f"the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, so Reef adds "
+                      f"{r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
+                      f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    path = args.out.with_stem(args.out.stem + "_stand_in")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
     return 0
 
 
