@@ -249,7 +249,7 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
 
 # The stand-in rows, by load generator: wrk leads (the gateway's own cost), httpx follows (the
 # figure earlier READMEs quote, and what a Python client on the same 2 cores sees).
-STAND_IN = {"wrk": "stand-in", "httpx": "stand-in, httpx"}
+STAND_IN = {"wrk": "stand-in, wrk", "httpx": "stand-in, httpx"}
 
 
 def _loads() -> list[str]:
