@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 
 from reef.config import StoreConfig
 from reef.experience import shards
-from reef.experience.schema import TABLES, Record, Report
+from reef.experience.schema import TABLES, Record, RecordRow, Report
 from reef.experience.wal import Segment, WalEntry, WalError, WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,12 @@ class StoreClosedError(RuntimeError):
 
 @dataclass(slots=True)
 class _Mem:
-    obj: Record | Report
+    # The serialized row, not the model: one bytes object is all the collector and the allocator see
+    # of a row held until its shard exists (a Record is some 200 objects), and reads from memory are
+    # rare (retries, `GET /reef/records`).
+    row: bytes
     appended_at: float  # time.monotonic()
+    session: tuple[str, datetime] | None  # a record's (session id, created_at), for session_records
 
 
 class ExperienceStore:
@@ -174,7 +179,7 @@ class ExperienceStore:
 
     # --- appending ---------------------------------------------------------------------------
 
-    async def append_record(self, record: Record) -> None:
+    async def append_record(self, record: Record | RecordRow) -> None:
         """Return once `record` is durable (fsynced, unless the config turns that off)."""
         await self._append_async("records", [record])
 
@@ -191,7 +196,7 @@ class ExperienceStore:
     def append_reports_sync(self, reports: Sequence[Report]) -> None:
         self._append_sync("reports", reports)
 
-    async def _append_async(self, table: Table, objs: Sequence[Record] | Sequence[Report]) -> None:
+    async def _append_async(self, table: Table, objs: Sequence[Record | RecordRow] | Sequence[Report]) -> None:
         entries = self._stage_all(table, objs)
         try:
             await self._wal.append(entries)
@@ -199,7 +204,7 @@ class ExperienceStore:
             self._unstage(entries)
             raise
 
-    def _append_sync(self, table: Table, objs: Sequence[Record] | Sequence[Report]) -> None:
+    def _append_sync(self, table: Table, objs: Sequence[Record | RecordRow] | Sequence[Report]) -> None:
         entries = self._stage_all(table, objs)
         try:
             self._wal.append_sync(entries)
@@ -207,7 +212,7 @@ class ExperienceStore:
             self._unstage(entries)
             raise
 
-    def _stage_all(self, table: Table, objs: Sequence[Record] | Sequence[Report]) -> list[WalEntry]:
+    def _stage_all(self, table: Table, objs: Sequence[Record | RecordRow] | Sequence[Report]) -> list[WalEntry]:
         entries: list[WalEntry] = []
         try:
             for obj in objs:
@@ -217,15 +222,16 @@ class ExperienceStore:
             raise
         return entries
 
-    def _stage(self, table: Table, obj: Record | Report) -> WalEntry:
+    def _stage(self, table: Table, obj: Record | RecordRow | Report) -> WalEntry:
         """Serialize once and make the row visible in memory; the WAL makes it durable next."""
         id_col, hash_col = _KEYS[table]
         key: str = getattr(obj, id_col)
         scenario = obj.scenario
         if scenario not in self._valid_scenarios:
             self._valid_scenarios.add(shards.validate_scenario(scenario))
-        row = _SERIALIZERS[table].to_json(obj, by_alias=True)
-        mem = _Mem(obj, time.monotonic())
+        row = obj.row if isinstance(obj, RecordRow) else _SERIALIZERS[table].to_json(obj, by_alias=True)
+        session = None if isinstance(obj, Report) else (obj.session_id, obj.created_at)
+        mem = _Mem(row, time.monotonic(), session)
         with self._lock:
             if self._state != "open":
                 raise StoreClosedError(f"experience store is {self._state}")
@@ -289,7 +295,7 @@ class ExperienceStore:
             scenario, _, seq = where
             mem = self._mem.get((scenario, table), {}).get(key)
         if mem is not None:
-            return mem.obj
+            return TABLES[table][0].model_validate_json(mem.row)  # type: ignore[return-value]
         # Not in memory any more means its shard was in place before it was dropped from memory;
         # knowing which shard keeps a read at one file however many the scenario has.
         path = shards.shard_path(self.data_dir, scenario, table, seq) if seq is not None else None
@@ -308,9 +314,8 @@ class ExperienceStore:
     def session_records(self, scenario: str, session_id: str) -> list[str]:
         """Ids of the durable records of one session (its turns), oldest first."""
         with self._lock:
-            rows = list(self._mem.get((scenario, "records"), {}).values())
-        found = {m.obj.record_id: m.obj.created_at for m in rows
-                 if isinstance(m.obj, Record) and m.obj.session_id == session_id}
+            rows = list(self._mem.get((scenario, "records"), {}).items())
+        found = {key: m.session[1] for key, m in rows if m.session is not None and m.session[0] == session_id}
         if shards.has_shards(self.data_dir, scenario, "records"):
             df = (pl.scan_parquet(shards.shard_glob(self.data_dir, scenario, "records"))
                   .filter(pl.col("gen_ai.conversation.id") == session_id)
