@@ -32,7 +32,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_ENGINE_CACHE / "inductor")
 # for none of MODEL_FIXTURES.
 MODEL_FREE_FILES = {
     "test_artifacts.py", "test_cpu_lora_fix.py", "test_demo_boundary.py", "test_durable.py", "test_layers.py",
-    "test_load.py", "test_notebooks_clean.py", "test_release_chain.py", "test_sse_split.py",
+    "test_load.py", "test_notebooks_clean.py", "test_record_row.py", "test_release_chain.py", "test_sse_split.py",
     "test_state_machines.py", "test_store.py", "test_supervisor.py",
 }
 # Tests of the engine's and gateway's mechanics (lifecycle, contract, fuzzing): they

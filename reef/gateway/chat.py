@@ -14,9 +14,18 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from reef.experience.schema import Record, sha256_json, utcnow
+from reef.experience.schema import Record, RecordRow, sha256_json, utcnow
 from reef.gateway import auth
 from reef.gateway import headers as h
+from reef.gateway.completion import (
+    ClientWants,
+    StreamAccumulator,
+    as_response,
+    client_json,
+    for_client,
+    read_response,
+    upstream_request,
+)
 from reef.gateway.contract import (
     DATA_PLANE,
     RECORD_HEADERS,
@@ -28,14 +37,7 @@ from reef.gateway.contract import (
 )
 from reef.gateway.errors import ReefError
 from reef.gateway.harness import served_body
-from reef.gateway.recorder import (
-    ClientWants,
-    Exchange,
-    StreamAccumulator,
-    build_record,
-    for_client,
-    upstream_request,
-)
+from reef.gateway.recorder import Exchange, record_row
 from reef.gateway.sessions import prefix_hashes
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.upstream import UpstreamError
@@ -212,14 +214,13 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
                 relay = _relay(st, exchange, _prepend(first, batches), wants, started)
                 return StreamingResponse(relay, media_type="text/event-stream",
                                          headers=_stream_headers(record_id, pick.release_id))
-            upstream_response = await st.upstream.chat(up_body)
+            raw = await st.upstream.chat(up_body)
             st.hold.exit()
             holding = False
             exchange.latency_ms = (time.perf_counter() - started) * 1000
-            client_response = for_client(upstream_response, wants, client_model)
-            assert client_response is not None
-            content = orjson.dumps(client_response)  # once: the same bytes are sent and recorded
-            await _commit(st, build_record(exchange, upstream_response, content))
+            response = read_response(raw)
+            content = client_json(raw, wants, client_model)  # once: the same bytes are sent and recorded
+            await _commit(st, record_row(exchange, response, content))
             st.metrics.chat(scenario).latency.observe(time.perf_counter() - started)
             return _json(content, record_id, pick.release_id)
         except UpstreamError as exc:
@@ -253,7 +254,7 @@ async def _prepend(first: list[bytes], rest: AsyncIterator[list[bytes]]) -> Asyn
         await rest.aclose()  # type: ignore[attr-defined]
 
 
-async def _commit(st: GatewayState, record: Record) -> None:
+async def _commit(st: GatewayState, record: RecordRow) -> None:
     """Make the record durable, then let retries and reports see it."""
     waited = time.perf_counter()
     try:
@@ -312,7 +313,7 @@ async def _relay(
             task.add_done_callback(_background.discard)
 
 
-def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, started: float) -> Record:
+def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, started: float) -> RecordRow:
     ex.latency_ms = (time.perf_counter() - started) * 1000
     ex.ttft_ms = (acc.first_token_at - started) * 1000 if acc.first_token_at else None
     full = acc.response()
@@ -320,10 +321,10 @@ def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, sta
     assert client is not None
     if not wants.usage:
         client.pop("usage", None)
-    return build_record(ex, full, orjson.dumps(client))
+    return record_row(ex, as_response(full), orjson.dumps(client))
 
 
-async def _abandon(st: GatewayState, batches: AsyncIterator[list[bytes]], record: Record) -> None:
+async def _abandon(st: GatewayState, batches: AsyncIterator[list[bytes]], record: RecordRow) -> None:
     """Close the upstream stream of an aborted relay and keep what it produced."""
     try:
         await batches.aclose()  # type: ignore[attr-defined]

@@ -68,11 +68,12 @@ class Upstream:
         conn = await self._open(method, path, body, timeout_s)
         return conn.status, await self._read(conn)
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def chat(self, body: dict[str, Any]) -> bytes:
+        """The response body, unparsed (`reef.gateway.completion` reads it)."""
         status, content = await self._request("POST", _CHAT, orjson.dumps(body))
         if status >= 400:
             raise UpstreamError(status, content)
-        return orjson.loads(content)
+        return content
 
     async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[list[bytes]]:
         """Opens the stream before returning, so an upstream error becomes a proper status code.
