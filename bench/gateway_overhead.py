@@ -26,6 +26,8 @@ to 2.0 here). Also the added p50/p99 latency; targets: ratio >= 0.95, added p50 
 
     .venv/bin/python bench/gateway_overhead.py [--rounds 10] [--requests-per-client 4]
     .venv/bin/python bench/gateway_overhead.py --stand-in-only   # the stand-in rows alone, no vLLM needed
+    git worktree add /tmp/base REV && .venv/bin/python bench/gateway_overhead.py --stand-in-only --baseline /tmp/base
+                                                                 # a change against REV, in the same rounds
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def _wrk(url: str, seconds: float, connections: int, script: Path) -> int:
 
 
 def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
-                  load: str) -> tuple[list[float], list[float]]:
+                  load: str, baseline: Path | None = None) -> dict[str, list[float]]:
     """CPU ms per JSON request, per round: the gateway in front of the stand-in upstream, and a bare
     uvicorn server answering the same load, rounds alternating. The bare server is the floor of any
     ASGI server under this client on this machine right now: it grows with the load as the gateway's
@@ -191,7 +193,11 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
     `load`: `wrk` (C, one thread, `clients` connections, 4 s a round) or `httpx` (this process's
     asyncio client, `clients` x 20 requests a round). On 2 cores the load generator shares the
     machine with what it measures: httpx burns more CPU per request than the servers it drives, and
-    every process's CPU per request grows under that contention (the bare server's about 5x)."""
+    every process's CPU per request grows under that contention (the bare server's about 5x).
+
+    `baseline`: another checkout of Reef (`git worktree add /tmp/base <rev>`), whose gateway runs in
+    front of the same stand-in as a third arm of the same rounds: a change measured side by side,
+    under the same load at the same moments. Returns CPU ms per request per round, by arm."""
     import tempfile
 
     spawn = multiprocessing.get_context("spawn")
@@ -204,9 +210,15 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
     script = work / "chat.lua"
     script.write_text(f"wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
                       f"wrk.body = {json.dumps(json.dumps(_request_body(tokens)))}\n")
-    gw = ServeProcess(work, ["--upstream-url", f"http://127.0.0.1:{port}"]).start()
+    gateways = {"gateway": ServeProcess(work / "gateway", ["--upstream-url", f"http://127.0.0.1:{port}"])}
+    if baseline is not None:
+        # Run from its own folder with the baseline first on the path: it imports its own `reef`.
+        gateways["baseline"] = ServeProcess(work / "baseline", ["--upstream-url", f"http://127.0.0.1:{port}"],
+                                            env={"PYTHONPATH": str(baseline.resolve())})
     try:
-        assert gw.process is not None and bare.pid is not None
+        for gw in gateways.values():
+            gw.start()
+        assert bare.pid is not None
         bare_url = f"http://127.0.0.1:{bare_port}"
         with httpx.Client(timeout=1.0) as http:
             deadline = time.monotonic() + 60
@@ -218,7 +230,9 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
-        arms = {"gateway": (gw.url, psutil.Process(gw.process.pid)), "bare": (bare_url, psutil.Process(bare.pid))}
+        arms = {name: (gw.url, psutil.Process(gw.process.pid))  # type: ignore[union-attr]
+                for name, gw in gateways.items()}
+        arms["bare"] = (bare_url, psutil.Process(bare.pid))
 
         def one_round(url: str, warm_up: bool = False) -> int:
             if load == "wrk":
@@ -227,21 +241,23 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
 
         for url, _ in arms.values():
             one_round(url, warm_up=True)
-        per_round: dict[str, list[float]] = {"gateway": [], "bare": []}
+        per_round: dict[str, list[float]] = {arm: [] for arm in arms}
+        names = list(arms)
         for r in range(rounds):
-            # Each process's CPU over the whole pair of rounds, not just its own: what the gateway
-            # defers (the shard flush of its records) may run during the other arm's round.
+            # Each process's CPU over the whole set of rounds, not just its own: what a gateway
+            # defers (the shard flush of its records) may run during another arm's round.
             cpu0 = {arm: _cpu_s(proc) for arm, (_, proc) in arms.items()}
             served = {}
-            for arm in ("gateway", "bare") if r % 2 == 0 else ("bare", "gateway"):
+            for arm in names[r % len(names):] + names[:r % len(names)]:  # each arm first in turn
                 served[arm] = one_round(arms[arm][0])
             for arm, (_, proc) in arms.items():
                 per_round[arm].append((_cpu_s(proc) - cpu0[arm]) * 1000 / served[arm])
-            console.print(f"  stand-in round {r + 1} ({load}): gateway {per_round['gateway'][-1]:.2f} ms CPU per "
-                          f"request, bare uvicorn {per_round['bare'][-1]:.2f}")
-        return per_round["gateway"], per_round["bare"]
+            console.print(f"  stand-in round {r + 1} ({load}), CPU ms per request: " + ", ".join(
+                f"{arm} {per_round[arm][-1]:.3f}" for arm in names))
+        return per_round
     finally:
-        gw.stop()
+        for gw in gateways.values():
+            gw.stop()
         for p in (stand_in, bare):
             p.terminate()
             p.join()
@@ -260,14 +276,29 @@ def _loads() -> list[str]:
     return ["httpx"]
 
 
-def _stand_in_results(gateway: list[float], bare: list[float]) -> dict[str, float | list[float]]:
+def _stand_in_results(per_round: dict[str, list[float]]) -> dict[str, float | list[float]]:
+    gateway, bare = per_round["gateway"], per_round["bare"]
     q = statistics.quantiles(gateway, n=4)
     added = [g - b for g, b in zip(gateway, bare, strict=True)]
-    return {"gateway_cpu_ms_per_request": statistics.median(gateway),
-            "gateway_cpu_ms_per_request_q1": q[0], "gateway_cpu_ms_per_request_q3": q[2],
-            "gateway_cpu_ms_per_request_rounds": gateway,
-            "bare_uvicorn_cpu_ms_per_request": statistics.median(bare), "bare_uvicorn_rounds": bare,
-            "reef_added_cpu_ms_per_request": statistics.median(added)}
+    out: dict[str, float | list[float]] = {
+        "gateway_cpu_ms_per_request": statistics.median(gateway),
+        "gateway_cpu_ms_per_request_q1": q[0], "gateway_cpu_ms_per_request_q3": q[2],
+        "gateway_cpu_ms_per_request_rounds": gateway,
+        "bare_uvicorn_cpu_ms_per_request": statistics.median(bare), "bare_uvicorn_rounds": bare,
+        "reef_added_cpu_ms_per_request": statistics.median(added)}
+    if "baseline" in per_round:
+        base = per_round["baseline"]
+        out |= {"baseline_cpu_ms_per_request": statistics.median(base), "baseline_rounds": base,
+                # Per round, so drift in the machine's load cancels out.
+                "change_vs_baseline": statistics.median(g / b - 1 for g, b in zip(gateway, base, strict=True))}
+    return out
+
+
+def _print_baseline(mode: str, r: dict[str, float | list[float]]) -> None:
+    if "baseline_cpu_ms_per_request" in r:
+        console.print(f"baseline ({mode}, the same rounds): {r['baseline_cpu_ms_per_request']:.3f} ms CPU per request "
+                      f"against {r['gateway_cpu_ms_per_request']:.3f} ms for this checkout: "
+                      f"[bold]{100 * r['change_vs_baseline']:+.1f} %[/] (median of the per-round ratios)")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -291,6 +322,9 @@ def main() -> int:
     parser.add_argument("--upstream", help="use this running vLLM (serving reef-tiny) instead of starting one")
     parser.add_argument("--stand-in-only", action="store_true",
                         help="only the stand-in row, with no vLLM at all (its response from the test fixtures)")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="another checkout of Reef (`git worktree add /tmp/base REV`): its gateway is a third "
+                             "arm of the stand-in rounds, so a change is measured side by side")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
     args = parser.parse_args()
     if args.stand_in_only:
@@ -314,8 +348,8 @@ def main() -> int:
     try:
         recorded = _recorded(vllm_url, args.tokens)
         for load in _loads():
-            results[STAND_IN[load]] = _stand_in_results(*_stand_in_cpu(recorded, args.rounds, args.clients,
-                                                                       args.tokens, load))
+            results[STAND_IN[load]] = _stand_in_results(_stand_in_cpu(recorded, args.rounds, args.clients,
+                                                                      args.tokens, load, args.baseline))
         idle_cpu = _idle_cpu_ms_per_s(proc)
         for stream in (False, True):
             mode = "stream" if stream else "json"
@@ -395,6 +429,7 @@ def main() -> int:
         console.print(f"bare uvicorn ({mode}: the floor of any ASGI server here, alternating with those rounds): "
                       f"{floor['bare_uvicorn_cpu_ms_per_request']:.2f} ms CPU per request; Reef adds "
                       f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
+        _print_baseline(mode, floor)
     console.print(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
                   f"out of each round); machine: {os.cpu_count()} cores, load average "
                   f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
@@ -423,8 +458,10 @@ def _stand_in_only(args: argparse.Namespace) -> int:
     out: dict[str, dict[str, float | list[float]]] = {}
     for load in _loads():
         load_before = os.getloadavg()[0]
-        rounds, bare = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens, load)
-        r = out[STAND_IN[load]] = _stand_in_results(rounds, bare)
+        per_round = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens, load,
+                                  args.baseline)
+        rounds = per_round["gateway"]
+        r = out[STAND_IN[load]] = _stand_in_results(per_round)
         # `\\[`: a literal bracket, not rich markup (rich drops an unknown tag such as "[q1 ...]").
         console.print(f"gateway CPU per JSON request, stand-in upstream, {load} load, {args.tokens} tok, median of "
                       f"{args.rounds} rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
@@ -433,6 +470,7 @@ def _stand_in_only(args: argparse.Namespace) -> int:
                       f"the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, so Reef adds "
                       f"{r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
                       f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+        _print_baseline(STAND_IN[load], r)
     path = args.out.with_stem(args.out.stem + "_stand_in")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
