@@ -191,9 +191,10 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
     figure does, so gateway minus floor (per round) is what Reef adds, steadier than either alone.
 
     `load`: `wrk` (C, one thread, `clients` connections, 4 s a round) or `httpx` (this process's
-    asyncio client, `clients` x 20 requests a round). On 2 cores the load generator shares the
-    machine with what it measures: httpx burns more CPU per request than the servers it drives, and
-    every process's CPU per request grows under that contention (the bare server's about 5x).
+    asyncio client, `clients` x 60 requests a round: CPU times come in 10 ms ticks). On 2 cores the
+    load generator shares the machine with what it measures: httpx burns more CPU per request than
+    the servers it drives, and every process's CPU per request grows under that contention (the bare
+    server's about 5x).
 
     `baseline`: another checkout of Reef (`git worktree add /tmp/base <rev>`), whose gateway runs in
     front of the same stand-in as a third arm of the same rounds: a change measured side by side,
@@ -237,7 +238,7 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
         def one_round(url: str, warm_up: bool = False) -> int:
             if load == "wrk":
                 return _wrk(url, 1 if warm_up else 4, clients, script)
-            return len(asyncio.run(_batch(url, clients, 4 if warm_up else 20, False, tokens))[1])
+            return len(asyncio.run(_batch(url, clients, 4 if warm_up else 60, False, tokens))[1])
 
         for url, _ in arms.values():
             one_round(url, warm_up=True)
