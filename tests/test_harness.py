@@ -180,12 +180,11 @@ def test_composite_release_and_rollback_under_load(gw: Gateway, api: ReefClient,
         new = made["release"]
         assert (new["content_id"], new["kind"], new["harness_id"]) == (lora.candidate_id, "lora", tree.candidate_id)
         assert "harness" in new["evaluation"] and made["serving"]["release_id"] == new["release_id"]
-        seen = len(load.outcomes)
-        wait_for(lambda: len(load.outcomes) >= seen + 3)
+        # Twice the clients: at least one request was sent after the release (each client has one in flight).
+        load.wait_for_more(2 * 3)
         back = api.rollback(s, f"{s}@r0", new["release_id"], approved_by="pytest")["release"]
         assert back["restores"] == f"{s}@r0" and back["harness_id"] is None
-        seen = len(load.outcomes)
-        wait_for(lambda: len(load.outcomes) >= seen + 3)
+        load.wait_for_more(2 * 3)
     assert not load.errors(), load.errors()[:3]
     chain = {r["release_id"]: r for r in api.releases(s)["releases"]}
     labels: set[str] = set()
