@@ -3,11 +3,11 @@
 The gateway always asks the model server for token ids and logprobs (recipes need the exact
 behaviour policy), and removes them from what the client sees unless the client asked.
 
-A JSON response is read twice, in C, and never built as a Python tree: once typed, for the few
-fields a record keeps (msgspec skips each token's text, bytes and top logprobs, most of a response
-with logprobs), and once as raw JSON values, so the client's copy keeps every field the server sent
-without any of it being parsed. Parsing the whole response with orjson and dropping the tree cost
-the loaded gateway more than building its record.
+A JSON response is read in C and never built as a Python tree: typed, for the few fields a record
+keeps (msgspec skips each token's text, bytes and top logprobs, most of a response with logprobs),
+and as raw JSON values, so the client's copy keeps every field the server sent without any of it
+being parsed. Parsing the whole response with orjson and dropping the tree cost the loaded gateway
+more than building its record.
 """
 
 from __future__ import annotations
