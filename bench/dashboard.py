@@ -3,7 +3,7 @@
     .venv/bin/python bench/dashboard.py [--records 100000] [--data-dir DIR] [--repeat 3] [--no-browser]
 
 Writes `--records` synthetic records (sessions, reports, four releases, gated harness candidates)
-through `reef.experience.store.ExperienceStore` and `reef.release` into a temporary data dir (or
+through `reef.experience.store.ExperienceStore` and `reef.registry` into a temporary data dir (or
 reuses `--data-dir` when it already holds them), then times every page twice:
 
   script   Streamlit's `AppTest` runs the page as `streamlit run` does (server side only)

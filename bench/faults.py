@@ -253,9 +253,9 @@ FINAL = {"released", "rejected", "done", "failed", "abandoned", "gated"}  # gate
 
 def _selected_full_candidate(data: Path) -> tuple[str, dict]:
     """A full-weight rft candidate of demo-add the gate selects, registered in `data`: (id, its probe)."""
+    from reef.gate.evaluate import GateConfig, evaluate_candidate
     from reef.recipe import Snapshot, load_recipe
-    from reef.release.candidates import register_candidate
-    from reef.release.gate import GateConfig, evaluate_candidate
+    from reef.registry.candidates import register_candidate
     from reef.traffic.offline import record_offline_traffic
 
     traffic = data.parent / "traffic"
@@ -274,7 +274,7 @@ def _selected_full_candidate(data: Path) -> tuple[str, dict]:
 
 def _base_reply(probe: dict) -> str:
     """What the base model answers to the probe at temperature 0 (transformers, fp32, as the gate)."""
-    from reef.recipe.evaluate import load_model, replies
+    from reef.sampling.transformers import load_model, replies
 
     model, tokenizer = load_model(TINY)
     return replies(model, tokenizer, [probe["messages"]], samples=1, temperature=0.0, seed=0,

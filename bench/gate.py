@@ -32,9 +32,9 @@ sys.path.insert(0, str(REPO))
 from reef.config import ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
+from reef.gate.evaluate import GateConfig, GateEngine, Weights, gate_weights  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
-from reef.recipe.evaluate import suite_for  # noqa: E402
-from reef.release.gate import GateConfig, GateEngine, Weights, gate_weights  # noqa: E402
+from reef.sampling.transformers import suite_for  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"

@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from reef.demo import rules as demo  # noqa: E402
+from reef.gate.evaluate import GateConfig, evaluate_candidate  # noqa: E402
 from reef.learn.round import RoundPlan, run_round  # noqa: E402
-from reef.release.candidates import CandidateRegistry  # noqa: E402
-from reef.release.gate import GateConfig, evaluate_candidate  # noqa: E402
+from reef.registry.candidates import CandidateRegistry  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"

@@ -62,8 +62,8 @@ sys.path.insert(0, str(REPO))
 
 from reef.config import resolve  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
+from reef.learn.pipeline import gate_metrics, parse_overrides  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
-from reef.recipe.stage import gate_metrics, parse_overrides  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.simulate import simulate  # noqa: E402
 

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from reef.demo import task as demo  # noqa: E402
+from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
-from reef.recipe.stage import gate_metrics  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"

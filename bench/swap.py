@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from reef.client import ReefClient  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
+from reef.gate.evaluate import GateConfig, evaluate_candidate  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
-from reef.release.candidates import register_candidate  # noqa: E402
-from reef.release.gate import GateConfig, evaluate_candidate  # noqa: E402
+from reef.registry.candidates import register_candidate  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
 

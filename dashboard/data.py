@@ -1,5 +1,5 @@
 """Everything the dashboard reads from the data dir: cached polars queries over
-`reef.experience.load`, the release chain (`reef.release.ReleaseChain`), the candidate register
+`reef.experience.load`, the release chain (`reef.registry.ReleaseChain`), the candidate register
 and the learner's rounds. Nothing here writes; actions go through the server (dashboard/api.py).
 
 Queries aggregate lazily and return small frames (a time bucket x release grid, one page of
@@ -23,9 +23,9 @@ import streamlit as st
 
 from reef.experience import load
 from reef.experience import shards as exp_shards
-from reef.release import ArtifactStore, ReleaseChain
-from reef.release.candidates import CandidateNotFoundError, CandidateRegistry, CandidateView
-from reef.release.chain import CHAIN_FILE
+from reef.registry import ArtifactStore, ReleaseChain
+from reef.registry.candidates import CandidateNotFoundError, CandidateRegistry, CandidateView
+from reef.registry.chain import CHAIN_FILE
 
 TTL = 60
 SESSION = "gen_ai.conversation.id"

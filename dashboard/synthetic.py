@@ -25,8 +25,8 @@ from typing import Any
 from reef.config import StoreConfig
 from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash, sha256_json
 from reef.experience.store import ExperienceStore
-from reef.release import ArtifactStore, Release, ReleaseChain, ReleaseLineage
-from reef.release.candidates import CandidateRegistry, GateResult, PromptOutcome
+from reef.registry import ArtifactStore, Release, ReleaseChain, ReleaseLineage
+from reef.registry.candidates import CandidateRegistry, GateResult, PromptOutcome
 
 SYSTEM = "You add numbers. Reply as 'Answer: <number>'."
 TEMPLATES = ("What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}.")
@@ -43,7 +43,7 @@ class SyntheticStore:
 
 
 def _harness(root: Path, name: str, prompt: str, rules: str = "Reply with the answer only.") -> Path:
-    """A harness tree as reef.release.harness lays it out: system prompt, rules, one skill."""
+    """A harness tree as reef.registry.harness lays it out: system prompt, rules, one skill."""
     tree = root / name
     (tree / "skills" / "add").mkdir(parents=True)
     (tree / "system.md").write_text(prompt + "\n")
@@ -56,7 +56,7 @@ def _harness(root: Path, name: str, prompt: str, rules: str = "Reply with the an
 def make_harness_candidate(out: Path, scenario: str, files: dict[str, str], *, parent_release: str,
                            parent_harness: str | None, mutations: list[dict[str, Any]] | None = None,
                            recipe: str = "recipes.harness_evolve.recipe:HarnessEvolve") -> Path:
-    """A harness candidate folder as a harness recipe writes it (reef.recipe.harness): the whole tree
+    """A harness candidate folder as a harness recipe writes it (reef.recipe.harness_recipe): the whole tree
     after its mutations at the folder's root, and candidate.json with kind "harness", the mutations
     and a lineage naming the harness they were applied to (`parent_harness`)."""
     for rel, text in files.items():
@@ -254,7 +254,7 @@ def make_lora_candidate(base_model: Path, out: Path, scenario: str = "demo-add",
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from reef.release.artifacts import sha256_file
+    from reef.registry.artifacts import sha256_file
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)

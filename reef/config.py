@@ -286,7 +286,7 @@ def _anchor(config: ServeConfig, folder: Path) -> None:
 def _check_recipes(config: ServeConfig) -> None:
     """Every recipe reference names something that exists: a `recipes:` entry, a built-in recipe or an
     importable module. Cheap (nothing is imported); the learner checks the params when it starts."""
-    from reef.recipe.registry import reference_problem
+    from reef.core.references import reference_problem
 
     for name, spec in config.recipes.items():
         problem = reference_problem(spec.recipe, _import_dirs(config))

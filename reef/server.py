@@ -22,10 +22,10 @@ from reef.experience.store import ExperienceStore
 from reef.gateway.app import create_server_app
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
-from reef.gateway.upstream import Upstream
+from reef.gateway.transport.upstream import Upstream
 from reef.learn.learner import Learner, LearnerConfigError, scenario_plans
-from reef.release.publisher import Publisher
-from reef.release.routing import Routes
+from reef.serving.publisher import Publisher
+from reef.serving.routing import Routes
 
 log = logging.getLogger("reef.serve")
 

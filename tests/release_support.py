@@ -12,7 +12,7 @@ import openai
 
 from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
-from reef.recipe.evaluate import load_model, replies
+from reef.sampling.transformers import load_model, replies
 from reef.traffic.offline import record_offline_traffic
 
 

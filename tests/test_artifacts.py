@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from reef.release import (
+from reef.registry import (
     ArtifactError,
     ArtifactNotFoundError,
     ArtifactStore,
     CorruptArtifactError,
 )
-from reef.release.artifacts import FILES_DIR, MANIFEST_FILE
+from reef.registry.artifacts import FILES_DIR, MANIFEST_FILE
 
 
 def sha(data: bytes) -> str:

@@ -24,7 +24,7 @@ import torch
 
 from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
-from reef.recipe.evaluate import load_model
+from reef.sampling.transformers import load_model
 from reef.traffic.offline import record_offline_traffic
 from tests.conftest import MODEL_NAME, TINY
 

@@ -1,5 +1,5 @@
 """The dashboard's pages under Streamlit's AppTest: against a fixture store (records, reports and
-gated candidates written through reef.experience and reef.release) and a real `reef serve` in
+gated candidates written through reef.experience and reef.registry) and a real `reef serve` in
 front of the session's vLLM, which the Release page acts on through the release API.
 
 The candidates are real LoRA adapters (randomly initialised, not trained: the gate's verdict is
@@ -23,9 +23,9 @@ from dashboard import data, graph
 from dashboard.synthetic import gate_result, make_harness_candidate, make_lora_candidate, write_records, write_store
 from reef.client import ReefClient
 from reef.experience import load
-from reef.release import ReleaseChain, Routing
-from reef.release.base_model import ensure_scenario
-from reef.release.candidates import CandidateRegistry, register_candidate
+from reef.registry import ReleaseChain, Routing
+from reef.registry.base_model import ensure_scenario
+from reef.registry.candidates import CandidateRegistry, register_candidate
 from tests.conftest import REPO, Gateway
 
 APP = str(REPO / "dashboard" / "app.py")

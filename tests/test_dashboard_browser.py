@@ -26,8 +26,8 @@ import yaml
 from reef.client import ReefClient
 from reef.demo import task as demo
 from reef.engine.supervisor import free_port
-from reef.release.candidates import register_candidate
-from reef.release.gate import GateConfig, evaluate_candidate
+from reef.gate.evaluate import GateConfig, evaluate_candidate
+from reef.registry.candidates import register_candidate
 from tests.conftest import ARTIFACTS, MODEL_NAME, REPO, TINY, Gateway
 from tests.release_support import train_candidates
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from reef import durable
+from reef.core import durable
 from reef.recipe import ledger
 
 

@@ -126,7 +126,7 @@ def test_repro_then_noop_then_param_change(first_repro: tuple[Path, str]) -> Non
 
 def _learn(repo: Path, scenario: str) -> tuple[dict[str, Any], str]:
     """`reef learn --once`'s summary, and all it printed (the stages its `dvc repro` ran)."""
-    done = run(repo, "python", "-m", "reef.recipe.stage", "learn", "--scenario", scenario, "--quiet")
+    done = run(repo, "python", "-m", "reef.learn.pipeline", "learn", "--scenario", scenario, "--quiet")
     out = done.stdout
     return json.loads(out[out.rindex("\n{") :]), out + done.stderr  # the JSON summary printed last
 

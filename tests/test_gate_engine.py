@@ -16,10 +16,10 @@ import pytest
 
 from reef.demo import task as demo
 from reef.engine.weights import EngineWeights
+from reef.gate.evaluate import GateConfig, GateEngine, Weights, evaluate_candidate, gate_weights
 from reef.recipe import Candidate
-from reef.release.candidates import GateResult, register_candidate
-from reef.release.gate import GateConfig, GateEngine, Weights, evaluate_candidate, gate_weights
-from reef.release.gate_engine import TEMP_PREFIX
+from reef.registry.candidates import GateResult, register_candidate
+from reef.sampling.engine import TEMP_PREFIX
 from reef.scenario import EvalSpec, Scenario, eval_suite
 from tests.conftest import MODEL_NAME, TINY
 from tests.release_support import train_candidates
@@ -168,7 +168,7 @@ def test_a_gate_without_a_free_adapter_slot_samples_with_transformers(
 
 def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, Candidate],
                                                               engine_gates: dict[str, GateResult]) -> None:
-    from reef.recipe.evaluate import suite_for
+    from reef.sampling.transformers import suite_for
 
     on_engine = engine_gates["trained"]  # the candidate's gate on the engine, 4 samples, vs the base (r0)
     assert on_engine.samples_per_prompt == 4

@@ -24,9 +24,9 @@ import yaml
 from reef.client import ReefAPIError, ReefClient
 from reef.experience.schema import RECORD_FEATURES
 from reef.experience.shards import scan
-from reef.release.artifacts import sha256_file
-from reef.release.candidates import CandidateRegistry, GateResult, register_candidate
-from reef.release.harness import Harness, inject
+from reef.registry.artifacts import sha256_file
+from reef.registry.candidates import CandidateRegistry, GateResult, register_candidate
+from reef.registry.harness import Harness, inject
 from tests.conftest import MODEL_NAME, TINY, Gateway
 from tests.release_support import Load
 

@@ -23,12 +23,12 @@ import yaml
 from recipes.harness_evolve.recipe import HarnessEvolve, mine_rules, parse_mutations
 from reef.demo import rules as demo
 from reef.experience import load
+from reef.gate.evaluate import GateConfig, GateEngine, HarnessArms, evaluate_candidate
 from reef.learn.round import RoundPlan, run_round
-from reef.recipe.harness import Failure, Mutation, NothingToProposeError, apply_mutations
+from reef.recipe.harness_recipe import Failure, Mutation, NothingToProposeError, apply_mutations
 from reef.recipe.snapshot import Snapshot
-from reef.release.candidates import register_candidate
-from reef.release.gate import GateConfig, GateEngine, HarnessArms, evaluate_candidate
-from reef.release.harness import Harness
+from reef.registry.candidates import register_candidate
+from reef.registry.harness import Harness
 from reef.scenario import eval_suite, get_scenario
 from reef.traffic.offline import record_offline_traffic
 from tests.conftest import MODEL_NAME, TINY, Gateway

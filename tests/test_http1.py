@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from reef.gateway.http1 import ConnectionDropped, ConnectionPool
+from reef.gateway.transport.http1 import ConnectionDropped, ConnectionPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

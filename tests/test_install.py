@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from reef.client import ReefClient
-from reef.release.candidates import CandidateRegistry, GateResult, register_candidate
+from reef.registry.candidates import CandidateRegistry, GateResult, register_candidate
 from tests.conftest import MODEL_NAME, REPO, TINY, Gateway
 
 pytestmark = pytest.mark.vllm

@@ -16,7 +16,7 @@ from pathlib import Path
 from reef.learn.round import RoundPlan, pending
 from reef.learn.round_log import RoundLog
 from reef.recipe import Snapshot, ledger
-from reef.release.candidates import CandidateRegistry
+from reef.registry.candidates import CandidateRegistry
 from reef.traffic.offline import record_offline_traffic
 
 S = "demo-add"

@@ -1,7 +1,7 @@
 """The Pi coding agent (npm `@mariozechner/pi-coding-agent`, pinned) as a real client of `reef serve`.
 
 Pi runs one-shot with its default tools (read, bash, edit, write) in a throwaway folder, bounded by
-`timeout` and by a turn cap (the Pi extension `reef-pi` installs, `reef.gateway.install.RECEIPTS_TS`:
+`timeout` and by a turn cap (the Pi extension `reef-pi` installs, `reef.gateway.routes.install.RECEIPTS_TS`:
 Pi itself never stops while a model keeps calling tools), offline, with retries off. `make test`
 installs Pi first (`make pi`); this test installs it too when missing, and fails (never skips) when
 it cannot.
@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.gateway.install import RECEIPTS_TS
+from reef.gateway.routes.install import RECEIPTS_TS
 from tests.conftest import MODEL_NAME, REPO, Gateway
 
 PI_VERSION = "0.73.1"

@@ -17,9 +17,10 @@ from transformers import AutoTokenizer
 from recipes.kto.recipe import kto_examples
 from recipes.online_rl.recipe import rl_examples
 from reef.recipe import Snapshot, load_recipe
-from reef.recipe.rollout import Rollout, chat_prompt_ids, policy_gradient_loss, sample
+from reef.recipe.policy_gradient import policy_gradient_loss
 from reef.recipe.spec import CANDIDATE_FILE
 from reef.recipe.tokens import IGNORE, CutStats, fit_left, sft_examples
+from reef.sampling.rollout import Rollout, chat_prompt_ids, sample
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 PROMPT = list(range(100, 110))  # 10 tokens

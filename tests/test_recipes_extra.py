@@ -17,11 +17,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from recipes.kto.recipe import KTO, kto_examples
 from recipes.self_play.recipe import Proposer, SelfPlay
 from recipes.ttt.recipe import TTT, entropic_advantages
+from reef.learn.pipeline import Params, learn_once
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe, resolve
-from reef.recipe.evaluate import load_model
 from reef.recipe.practice import describe
 from reef.recipe.spec import CANDIDATE_FILE
-from reef.recipe.stage import Params, learn_once
+from reef.sampling.transformers import load_model
 from reef.scenario import EvalSpec, Scenario, ScenarioError, get_scenario, load_tasks, training_tasks
 from reef.traffic.offline import record_offline_traffic
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from reef.experience import shards
 from reef.experience.schema import Record, RecordRow
-from reef.gateway.completion import ClientWants, client_json, for_client, read_response
-from reef.gateway.errors import ReefError
 from reef.gateway.recorder import Exchange, record_row
 from reef.gateway.sessions import prefix_hashes
+from reef.gateway.wire.completion import ClientWants, client_json, for_client, read_response
+from reef.gateway.wire.errors import ReefError
 
 SAMPLES = Path(__file__).parent / "fixtures" / "vllm_samples"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reef.release import (
+from reef.registry import (
     ArtifactNotFoundError,
     ArtifactStore,
     ChainCorruptError,
@@ -300,7 +300,7 @@ def test_head_file_drives_experience_staleness(tmp_path: Path) -> None:
     # Imported here: reef.experience pulls in datasets and polars, which spawned publishers need not.
     from reef.experience import ExperienceStore, load, shards
     from reef.experience.load import read_head_seq, release_seq
-    from reef.release.schema import SCENARIO_RE
+    from reef.registry.schema import SCENARIO_RE
     from tests.test_store import MANUAL, make_record
 
     assert SCENARIO_RE.pattern == shards.SCENARIO_RE.pattern  # the chain lives where load() looks

@@ -27,9 +27,9 @@ import yaml
 
 from reef.client import HeadMovedError, ReefAPIError, ReefClient
 from reef.demo import task as demo
+from reef.gate.evaluate import GateConfig, evaluate_candidate
 from reef.recipe import Candidate
-from reef.release.candidates import CandidateRegistry, register_candidate
-from reef.release.gate import GateConfig, evaluate_candidate
+from reef.registry.candidates import CandidateRegistry, register_candidate
 from tests.conftest import MODEL_NAME, TINY, Gateway
 from tests.release_support import Load, greedy, train_candidates
 

@@ -20,8 +20,8 @@ from reef.client import ReefClient
 from reef.demo import task as demo
 from reef.experience import load
 from reef.recipe import ledger
-from reef.release.candidates import CandidateRegistry
-from reef.release.chain import ReleaseChain
+from reef.registry.candidates import CandidateRegistry
+from reef.registry.chain import ReleaseChain
 from reef.scenario import get_scenario
 from reef.traffic.simulate import simulate
 from tests.conftest import MODEL_NAME, TINY, Gateway

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from reef.release.canary import Canary, CanaryLog
-from reef.release.candidates import (
+from reef.core.statemachine import IllegalTransitionError, Transitions
+from reef.registry.candidates import (
     TRANSITIONS,
     CandidateEvent,
     CandidateRegistry,
     CandidateStateError,
     GateResult,
 )
-from reef.statemachine import IllegalTransitionError, Transitions
+from reef.serving.canary import Canary, CanaryLog
 
 SCENARIO = "support"
 CID = "c" * 64

@@ -91,7 +91,7 @@ def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path, monk
     then the answer) so the masks are checked on known turns; the ids are the real tokenizer's."""
     from transformers import AutoTokenizer
 
-    from reef.recipe import rollout
+    from reef.sampling import rollout
 
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = eval_suite(shop).tasks[:3]
@@ -132,7 +132,7 @@ def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenari
     final answer. Seeded per task, sample and turn: a rerun gives the same episodes."""
     import asyncio
 
-    from reef.release.gate_engine import EngineSession, GateEngine, run_session
+    from reef.sampling.engine import EngineSession, GateEngine, run_session
 
     suite = eval_suite(shop)
     tasks = suite.tasks[:24]
@@ -163,7 +163,7 @@ def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_p
     """Simulated agents through the gateway (the client executes price(item) via the scenario's
     environment, one x-reef-session per run, one session report on the final answer); rft on the
     whole rewarded sessions (masked loss) lifts held-out success on items never in the traffic."""
-    from reef.release.gate import GateConfig, Weights, gate_weights
+    from reef.gate.evaluate import GateConfig, Weights, gate_weights
     from reef.traffic.simulate import simulate
 
     summary = simulate(gateway.url, shop, requests=384, concurrency=16, seed=0, progress=False)

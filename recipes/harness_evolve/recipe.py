@@ -1,7 +1,7 @@
 """Harness evolution, in the spirit of GEPA and SkillClaw: read the scenario's low-reward replies and
 their feedback, and propose mutations of the head's harness (create, update or remove a system
 prompt, a rule, a skill `skills/<name>/SKILL.md`, a few-shot example). The candidate is a harness
-tree, not weights (the folder contract is in reef.recipe.harness); the gate then compares it with
+tree, not weights (the folder contract is in reef.recipe.harness_recipe); the gate then compares it with
 the head on the eval suite, same weights, each prompt sent with its arm's harness.
 
 Two proposers (`proposer:`):
@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from reef.recipe.harness import (
+from reef.recipe.harness_recipe import (
     Failure,
     HarnessConfig,
     HarnessRecipe,
@@ -37,7 +37,7 @@ from reef.recipe.harness import (
     ProposalContext,
     apply_mutations,
 )
-from reef.release.harness import RULES_FILE, Harness
+from reef.registry.harness import RULES_FILE, Harness
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 

@@ -13,7 +13,7 @@ no reports needed) and reads their next turns by the scenario's declared rules o
   un-hinted prompt, taken from the model with the hint in context: the recorded reply of the next
   turn (the served model re-prompted with the hint) when its own next turn accepted it; and, with
   `hint_samples` > 0, the best of that many fresh samples from the current model on the hinted
-  prompt (the one generate helper, `reef.recipe.rollout.sample`), kept only if the scenario's
+  prompt (the one generate helper, `reef.sampling.rollout.sample`), kept only if the scenario's
   reward scores it at least `min_target_score` (for prompts that are one of the scenario's
   training `tasks:`; never its eval tasks). Loss: cross-entropy on the target's tokens after the
   original prompt (SFT toward the hinted model), times `distill_coef`.
@@ -44,8 +44,8 @@ from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.logprobs import completion_logprobs
 from reef.recipe.next_turn import next_turn_signals
 from reef.recipe.practice import practice_tasks
-from reef.recipe.rollout import sample
 from reef.recipe.tokens import CutStats, fit_left
+from reef.sampling.rollout import sample
 from reef.scenario import ScenarioError, Task, reward_for
 from reef.scenario.reward import judge_reward
 

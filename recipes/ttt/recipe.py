@@ -35,8 +35,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reef.recipe import Recipe, RecipeConfig, Snapshot
+from reef.recipe.policy_gradient import policy_gradient_loss
 from reef.recipe.practice import find_task
-from reef.recipe.rollout import Rollout, policy_gradient_loss, sample_tasks
+from reef.sampling.rollout import Rollout, sample_tasks
 from reef.scenario import RewardFn, Task, environment_for, reward_for
 from reef.scenario.reward import function_reward
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from reef.durable import fsync_path
+from reef.core.durable import fsync_path
 from reef.experience.schema import TABLES
 
 log = logging.getLogger(__name__)

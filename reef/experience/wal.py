@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from reef.durable import fsync_path
+from reef.core.durable import fsync_path
 
 log = logging.getLogger(__name__)
 

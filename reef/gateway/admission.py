@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from reef.config import LimitsConfig, ServeConfig
-from reef.gateway.errors import ReefError
-from reef.gateway.headers import SCENARIO
+from reef.gateway.wire.errors import ReefError
+from reef.gateway.wire.headers import SCENARIO
 
 
 class ScenarioAdmission:

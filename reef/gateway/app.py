@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from reef.gateway import chat, harness, install, models, records, releases, reports, status
 from reef.gateway.admission import ScenarioAdmission
-from reef.gateway.contract import install_openapi
-from reef.gateway.errors import install_error_handlers
-from reef.gateway.fastpath import ChatFastPath
 from reef.gateway.limits import SizeLimits
+from reef.gateway.routes import chat, harness, install, models, records, releases, reports, status
+from reef.gateway.routes.fastpath import ChatFastPath
 from reef.gateway.state import GatewayState
+from reef.gateway.wire.contract import install_openapi
+from reef.gateway.wire.errors import install_error_handlers
 
 
 def create_app(state: GatewayState) -> FastAPI:

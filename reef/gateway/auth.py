@@ -11,7 +11,7 @@ import hmac
 from fastapi import Request
 
 from reef.config import ApiKey, ServeConfig
-from reef.gateway.errors import ReefError
+from reef.gateway.wire.errors import ReefError
 
 
 def _bearer(request: Request) -> str | None:

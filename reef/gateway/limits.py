@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reef.gateway.errors import ReefError, error_response
+from reef.gateway.wire.errors import ReefError, error_response
 
 
 class SizeLimits:

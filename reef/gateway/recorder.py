@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from reef.experience.schema import RecordRow, content_hash
-from reef.gateway.completion import UpstreamChoice, UpstreamResponse
 from reef.gateway.sessions import _text, reply_hashes
+from reef.gateway.wire.completion import UpstreamChoice, UpstreamResponse
 
 
 def _str(value: Any) -> str | None:

@@ -13,16 +13,16 @@ from reef.engine.hold import EngineHold
 from reef.gateway.inflight import InFlight
 from reef.gateway.metrics import GatewayMetrics
 from reef.gateway.sessions import SessionIndex
-from reef.gateway.upstream import Upstream
-from reef.release.canary import Canaries
-from reef.release.routing import Routes
+from reef.gateway.transport.upstream import Upstream
+from reef.serving.canary import Canaries
+from reef.serving.routing import Routes
 
 if TYPE_CHECKING:
     from reef.engine.supervisor import EngineSupervisor
     from reef.experience.store import ExperienceStore
     from reef.gateway.admission import ScenarioAdmission
     from reef.learn.learner import Learner
-    from reef.release.publisher import Publisher
+    from reef.serving.publisher import Publisher
 
 
 @dataclass

@@ -44,7 +44,7 @@ from reef.learn.round_log import Round, RoundLog
 
 if TYPE_CHECKING:
     from reef.recipe.base import Recipe
-    from reef.release.publisher import Publisher
+    from reef.serving.publisher import Publisher
 
 log = logging.getLogger("reef.learner")
 
@@ -255,7 +255,7 @@ class Learner:
 
     def _on_chain(self, scenario: str, candidate_id: str) -> str | None:
         """The release that published this candidate, if one did (a kill after the chain append)."""
-        from reef.release.chain import ReleaseChain
+        from reef.registry.chain import ReleaseChain
 
         return next((r.release_id for r in ReleaseChain.for_data_dir(self.data_dir, scenario).releases()
                      if r.content_id == candidate_id and r.operation == "train"), None)
@@ -264,7 +264,7 @@ class Learner:
         """Under policy `auto`, release what the gate selected; the release id, or None."""
         if self.publisher is None or self.loop is None:
             return None
-        from reef.release.candidates import find_candidate
+        from reef.registry.candidates import find_candidate
 
         view = find_candidate(self.data_dir, candidate_id)
         future = asyncio.run_coroutine_threadsafe(self.publisher.auto_release(view), self.loop)

@@ -5,7 +5,7 @@ server's learner (in its own process, `python -m reef.learn.round --plan plan.js
 A `RoundPlan` says what a round does: which scenario, which recipe with which params, where the
 experience is read from, where the snapshot and candidate go, and whether training continues from
 the scenario's head. It is built from serve.yaml (`plan_for_scenario`, the learner) or from
-params.yaml (`reef.recipe.stage.Params.plan`, the pipeline and the CLI).
+params.yaml (`reef.learn.pipeline.Params.plan`, the pipeline and the CLI).
 
 Continuing from the head: a full-weight round trains the head's weights (the weights that produced
 the experience), so each release builds on the last; a LoRA round on the base model continues
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.crashpoints import crash_point
+from reef.core.crashpoints import crash_point
 
 if TYPE_CHECKING:
     from reef.config import ServeConfig
+    from reef.gate.evaluate import GateConfig
     from reef.learn.round_log import Round, RoundLog
     from reef.recipe.base import Recipe
     from reef.recipe.snapshot import Snapshot
     from reef.recipe.spec import Candidate
-    from reef.release.gate import GateConfig
-    from reef.release.gate_engine import GateEngine
+    from reef.sampling.engine import GateEngine
 
 
 class RoundPlan(BaseModel):
@@ -103,8 +103,8 @@ def from_head(plan: RoundPlan) -> RoundPlan:
     """The plan with the head to continue from: its weights (full) or its adapter (LoRA on the base)."""
     if not plan.continue_from_head:
         return plan
-    from reef.release.artifacts import ArtifactStore
-    from reef.release.base_model import base_of, ensure_scenario
+    from reef.registry.artifacts import ArtifactStore
+    from reef.registry.base_model import base_of, ensure_scenario
 
     store = ArtifactStore.for_data_dir(plan.data_dir)
     chain, _ = ensure_scenario(plan.data_dir, plan.scenario, plan.base_model, store)
@@ -167,8 +167,8 @@ def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | 
          engine: GateEngine | None = None, progress: bool = True) -> tuple[str, Any]:
     """Register the candidate and gate it against the scenario's head: (candidate id, GateResult).
     `engine`: the serving vLLM (not the gateway), which samples a LoRA candidate's replies."""
-    from reef.release.candidates import register_candidate
-    from reef.release.gate import evaluate_candidate
+    from reef.gate.evaluate import evaluate_candidate
+    from reef.registry.candidates import register_candidate
 
     view = register_candidate(plan.data_dir, candidate_path)
     return view.candidate_id, evaluate_candidate(plan.data_dir, view.candidate_id, gate_config, progress=progress,
@@ -249,8 +249,8 @@ def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, gate_config: 
                        evaluate: bool, engine: GateEngine | None, progress: bool,
                        resumed: bool = False) -> dict[str, Any]:
     """The steps after `trained` (or after `registered`, when resuming one)."""
-    from reef.release.candidates import register_candidate
-    from reef.release.gate import evaluate_candidate
+    from reef.gate.evaluate import evaluate_candidate
+    from reef.registry.candidates import register_candidate
 
     if not evaluate:
         log.append(rnd, "done", resumed=resumed, reason="not gated in this round")
@@ -311,9 +311,9 @@ def _failing(log: RoundLog, rnd: Round) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from reef.gate.evaluate import GateConfig, add_engine_arguments, engine_of
     from reef.learn.round_log import RoundBusyError
     from reef.recipe.snapshot import EmptySnapshotError
-    from reef.release.gate import GateConfig, add_engine_arguments, engine_of
 
     parser = argparse.ArgumentParser(prog="python -m reef.learn.round", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", type=Path, required=True, help="a RoundPlan as JSON")

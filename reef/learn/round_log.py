@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from reef.durable import append_line, read_log
-from reef.release.schema import utcnow
-from reef.statemachine import LogEvent, Transitions
+from reef.core.durable import append_line, read_log
+from reef.core.statemachine import LogEvent, Transitions
+from reef.registry.schema import utcnow
 
 RoundState = Literal["planned", "snapshotted", "trained", "registered", "gated", "released", "rejected", "done",
                      "failed", "abandoned"]

@@ -30,7 +30,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from reef.durable import replace_dir
+from reef.core.durable import replace_dir
 from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import transformers
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reef.release.gate_engine import GateEngine
+    from reef.sampling.engine import GateEngine
 
 log = logging.getLogger(__name__)
 

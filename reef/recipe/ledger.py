@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from reef.durable import replace_atomically
+from reef.core.durable import replace_atomically
 from reef.experience import shards
 
 DEFAULT_ROOT = Path("data/ledger")

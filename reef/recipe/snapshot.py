@@ -25,7 +25,7 @@ from typing import Any
 import datasets
 import polars as pl
 
-from reef.durable import replace_dir
+from reef.core.durable import replace_dir
 from reef.experience import load
 from reef.experience.load import EXPERIENCE_FEATURES, SESSION_COL
 from reef.experience.schema import sha256_json

@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from reef.core.paths import CANDIDATE_FILE
+
 StalePolicy = Literal["drop", "downweight"]
 CandidateKind = Literal["full", "lora", "harness"]
-CANDIDATE_FILE = "candidate.json"
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Candidate:
     created_at: str
     # Per-step training metrics (loss, reward, kl, grad_norm, learning_rate, ...), one dict per step.
     training_log: list[dict[str, Any]] = field(default_factory=list)
-    # A harness candidate's changes to its parent harness (reef.recipe.harness.Mutation, as dicts).
+    # A harness candidate's changes to its parent harness (reef.recipe.harness_recipe.Mutation, as dicts).
     mutations: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 RUNS = "runs"  # where transformers' TensorBoardCallback writes under a Trainer's output_dir
-CANDIDATE_DIR = "tensorboard"  # reef.release.artifacts.TRAINING_EVENTS_DIR: left out of the artifact
+CANDIDATE_DIR = "tensorboard"  # reef.registry.artifacts.TRAINING_EVENTS_DIR: left out of the artifact
 # Rows of trainer.state.log_history that summarise the run rather than a step: in metrics already.
 _SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 

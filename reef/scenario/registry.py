@@ -11,19 +11,24 @@ An entry point names a `Scenario`, a list of them, or a function returning eithe
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from reef.scenario.environment import Environment, ToolEnvironmentError, load_environment
 from reef.scenario.reward import RewardError, RewardFn, function_reward, judge_reward
 from reef.scenario.schema import JudgeReward, Scenario
 from reef.scenario.suite import EvalSuite, ScenarioError, Task, load_tasks
 
-if TYPE_CHECKING:
-    from reef.config import ServeConfig
-
 ENTRY_POINT_GROUP = "reef.scenarios"
+
+
+class Declarations(Protocol):
+    """What declares scenarios beside installed packages: serve.yaml's `ServeConfig` (the config
+    layer sits above this one, so it is named by shape, not imported)."""
+
+    @property
+    def scenarios(self) -> Mapping[str, Scenario]: ...
 
 
 def _as_scenarios(obj: Any, origin: str) -> Iterable[Scenario]:
@@ -69,7 +74,7 @@ def merge(base: Scenario | None, declared: Scenario) -> Scenario:
     return merged.model_copy(update={"base_dir": declared.base_dir if "reward" in keys else base.base_dir})
 
 
-def all_scenarios(config: ServeConfig | None = None) -> dict[str, Scenario]:
+def all_scenarios(config: Declarations | None = None) -> dict[str, Scenario]:
     """Every declared scenario: packaged ones, with serve.yaml's declarations merged over them."""
     out = dict(packaged_scenarios())
     for name, declared in (config.scenarios if config is not None else {}).items():
@@ -77,7 +82,7 @@ def all_scenarios(config: ServeConfig | None = None) -> dict[str, Scenario]:
     return out
 
 
-def get_scenario(name: str, config: ServeConfig | None = None) -> Scenario:
+def get_scenario(name: str, config: Declarations | None = None) -> Scenario:
     """The declared scenario, or an undeclared one (records only: no eval suite, no reward)."""
     return all_scenarios(config).get(name) or Scenario(name=name)
 

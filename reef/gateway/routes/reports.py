@@ -1,0 +1,134 @@
+"""`POST /reef/report`: an application's reward for one or more records.
+
+A report may name a streaming record whose receipt has not been sent yet (the id is in the
+response header from the first byte). Such a report waits, up to `report_wait_s`, until that
+record is durable, then is stored; if the record never becomes durable it gets 404. Nothing the
+gateway acknowledged with 200 is lost: the report is fsynced before the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from reef.config import ApiKey
+from reef.experience.schema import Report, sha256_json, utcnow
+from reef.gateway import auth
+from reef.gateway.state import get_state
+from reef.gateway.wire import headers as h
+from reef.gateway.wire.contract import DATA_PLANE, SCENARIO_HEADER, errors
+from reef.gateway.wire.errors import ReefError
+
+router = APIRouter()
+
+
+# What _names_records checks, in the document too: a record id, a non-empty list of them, or a session.
+_NAMES_A_RECORD = {"anyOf": [
+    {"required": ["agent_record_id"], "properties": {"agent_record_id": {"type": "string"}}},
+    {"required": ["references"], "properties": {"references": {"type": "array", "minItems": 1}}},
+    {"required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
+]}
+
+
+class ReportIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_NAMES_A_RECORD)
+
+    agent_record_id: str | None = Field(default=None, min_length=1)
+    references: list[Annotated[str, Field(min_length=1)]] | None = None
+    session_id: str | None = Field(default=None, min_length=1, description="credit every turn of this session")
+    score: float = Field(allow_inf_nan=False)
+    feedback: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    report_id: str | None = None
+
+    @field_validator("score", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        # pydantic would accept "0.5" or true; a reward must be an actual finite number.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError("score must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _names_records(self) -> ReportIn:
+        if not self.record_ids() and not self.session_id:
+            raise ValueError("name a record or a session: agent_record_id, references or session_id")
+        return self
+
+    def record_ids(self) -> list[str]:
+        ids = ([self.agent_record_id] if self.agent_record_id else []) + list(self.references or [])
+        return list(dict.fromkeys(ids))
+
+
+class ReportReceipt(BaseModel):
+    report_id: str
+    agent_record_ids: list[str]
+    duplicate: bool
+
+
+def _key(request: Request) -> ApiKey | None:
+    # A dependency, so a missing key is refused (401) before the body is judged (422).
+    return auth.data_key(get_state(request).config, request, h.scenario_of(request))
+
+
+@router.post("/reef/report", operation_id="report", dependencies=[Depends(_key)],
+             responses=errors(400, 401, 403, 404, 409, 422, 503, 507),
+             openapi_extra={"parameters": [SCENARIO_HEADER], **DATA_PLANE})
+async def report(body: ReportIn, request: Request) -> ReportReceipt:
+    st = get_state(request)
+    scenario = h.scenario_of(request)
+    named = body.record_ids()
+    record_ids = list(named)
+    if body.session_id:
+        h.valid_id(body.session_id, "session_id")
+        turns = await asyncio.to_thread(st.store.session_records, scenario, body.session_id)
+        if not turns:
+            raise ReefError(404, f"no session {body.session_id} in scenario {scenario!r}", param="session_id",
+                            code="session_not_found")
+        record_ids = list(dict.fromkeys([*record_ids, *turns]))
+    for record_id in named:
+        if st.inflight.get(record_id) is not None:
+            await st.inflight.wait(record_id, st.config.report_wait_s)
+        known = st.store.record_index(record_id)
+        # A record of another scenario is reported as unknown: scenarios do not see each other.
+        if known is None or known[0] != scenario:
+            raise ReefError(404, f"no record {record_id} in scenario {scenario!r}", param="agent_record_id",
+                            code="record_not_found")
+    # What the client asked, not what a session held at the time: a retry of a session report is
+    # the same report even after the session grew.
+    content = [scenario, named, body.score, body.feedback, body.metadata]
+    if body.session_id:
+        content.append(body.session_id)
+    content_hash = sha256_json(content)
+    report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
+    if st.inflight_reports.get(report_id) is not None:  # a concurrent retry of the same report
+        await st.inflight_reports.wait(report_id, st.config.report_wait_s)
+    known_report = st.store.report_index(report_id)
+    if known_report is not None:
+        if tuple(known_report) != (scenario, content_hash):
+            raise ReefError(409, f"report {report_id} exists with other content", param="report_id",
+                            code="report_id_conflict")
+        stored = st.store.get_report(report_id)
+        return ReportReceipt(report_id=report_id, agent_record_ids=stored.record_ids if stored else record_ids,
+                             duplicate=True)
+    st.inflight_reports.begin(report_id, scenario, content_hash)
+    durable = False
+    try:
+        await st.store.append_report(Report(
+            report_id=report_id, scenario=scenario, record_ids=record_ids, session_id=body.session_id,
+            score=body.score, feedback=body.feedback, metadata_json=orjson.dumps(body.metadata).decode(),
+            created_at=utcnow(), content_hash=content_hash,
+        ))
+        durable = True
+    finally:
+        st.inflight_reports.finish(report_id, durable)
+    st.metrics.reports.labels(scenario).inc()
+    ready = st.canaries.observe(record_ids, body.score)
+    if ready and st.publisher is not None:
+        st.publisher.canary.schedule(ready)  # decided in the background, never inside this request
+    return ReportReceipt(report_id=report_id, agent_record_ids=record_ids, duplicate=False)

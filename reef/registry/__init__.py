@@ -1,0 +1,42 @@
+"""Releases: content-addressed artifacts (what is served) and each scenario's append-only release
+chain (which artifact serves it, since when, approved by whom, and what came before).
+
+    from reef.registry import ArtifactStore, ReleaseChain
+    store = ArtifactStore.for_data_dir("data")
+    chain = ReleaseChain.for_data_dir("data", "demo-add", artifacts=store)
+    base = store.import_base("data/models/tiny")
+    r0 = chain.ensure_base(base.content_id, base.lineage)
+    cand = store.import_candidate("data/candidates/demo-add/<id>")
+    r1 = chain.publish(r0.release_id, cand.content_id, cand.kind, "train", lineage=cand.lineage)
+    path = store.verify(chain.head().content_id)   # refuses a file that does not match its manifest
+"""
+
+from reef.registry.artifacts import (
+    ArtifactError,
+    ArtifactNotFoundError,
+    ArtifactStore,
+    CorruptArtifactError,
+    content_id_of,
+)
+from reef.registry.chain import (
+    ChainCorruptError,
+    HeadMovedError,
+    ReleaseChain,
+    ReleaseError,
+    ReleaseNotFoundError,
+)
+from reef.registry.schema import (
+    ArtifactFile,
+    ArtifactManifest,
+    Release,
+    ReleaseLineage,
+    Routing,
+    RoutingArm,
+    release_name,
+)
+
+__all__ = [
+    "ArtifactError", "ArtifactFile", "ArtifactManifest", "ArtifactNotFoundError", "ArtifactStore",
+    "ChainCorruptError", "CorruptArtifactError", "HeadMovedError", "Release", "ReleaseChain", "ReleaseError",
+    "ReleaseLineage", "ReleaseNotFoundError", "Routing", "RoutingArm", "content_id_of", "release_name",
+]

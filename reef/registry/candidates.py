@@ -1,0 +1,311 @@
+"""The candidate register: which candidates a scenario has, what the gate said, who rejected or
+released them.
+
+    <data_dir>/releases/<scenario>/candidates.jsonl   one CandidateEvent per line, append-only
+    <data_dir>/releases/<scenario>/gate/<id>.json     the gate's per-prompt outputs (for people)
+
+A candidate's state is the fold of its events through `TRANSITIONS`, so nothing is ever edited in
+place and the file is its own audit log. Every append is checked against the table first: once
+released or rejected by a person a candidate stays so (a late gate result cannot select it again).
+
+Registering imports the candidate folder into the content-addressed artifact
+store; the candidate id is the artifact's content id, so registering the same weights (or harness
+tree) twice is one candidate.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from reef.core.durable import append_line, read_log, replace_atomically
+from reef.core.statemachine import IllegalTransitionError, LogEvent, Transitions
+from reef.registry.artifacts import ArtifactStore
+from reef.registry.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
+
+log = logging.getLogger("reef.registry")
+
+CANDIDATES_FILE = "candidates.jsonl"
+LOCK_FILE = "CANDIDATES.LOCK"
+GATE_DIR = "gate"
+MIN_PREFIX = 8
+
+Status = Literal["registered", "selected", "rejected", "released"]
+EventKind = Literal["registered", "evaluated", "rejected", "released"]
+
+# The states a candidate goes through. `gate_rejected` shows as status "rejected" but may be gated
+# again (a fixed eval suite, a gate error); a person's rejection and a release are final.
+TRANSITIONS = Transitions("candidate", {
+    None: {"registered"},
+    "registered": {"selected", "gate_rejected", "rejected"},
+    "selected": {"selected", "gate_rejected", "rejected", "released"},
+    "gate_rejected": {"selected", "gate_rejected", "rejected"},
+    "rejected": set(),
+    "released": set(),
+})
+_STATUS: dict[str, Status] = {"registered": "registered", "selected": "selected", "gate_rejected": "rejected",
+                              "rejected": "rejected", "released": "released"}
+
+
+class CandidateError(RuntimeError):
+    pass
+
+
+class CandidateStateError(CandidateError, IllegalTransitionError):
+    """An event the candidate's state does not allow (e.g. a gate result after its release)."""
+
+
+class CandidateNotFoundError(CandidateError, LookupError):
+    pass
+
+
+class PromptOutcome(BaseModel):
+    messages: list[dict[str, Any]]
+    candidate_replies: list[str]
+    head_replies: list[str]
+    candidate_score: float | None  # None: the reward scored none of this arm's replies
+    head_score: float | None
+    unscored: int = 0  # replies (both arms) the reward could not score
+
+
+class Probe(BaseModel):
+    """A greedy reply the candidate must reproduce once it serves: how a swap proves what serves."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    text: str
+
+
+class GateResult(BaseModel):
+    decision: Literal["select", "reject"]
+    reason: str
+    head_release_id: str | None = None
+    candidate_success: float | None = None
+    head_success: float | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    prompts: int = 0
+    samples_per_prompt: int = 0
+    wins: int = 0
+    losses: int = 0
+    ties: int = 0
+    unscored: int = Field(default=0, description="replies the reward could not score: left out, never counted as 0")
+    backend: Literal["engine", "transformers"] | None = Field(default=None, description="what sampled the replies")
+    probe: Probe | None = None
+    evaluated_at: datetime = Field(default_factory=utcnow)
+    seconds: float | None = None
+    per_prompt: list[PromptOutcome] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """A release's `evaluation` field: the decision and its numbers, without per-prompt outputs."""
+        return self.model_dump(mode="json", exclude={"per_prompt", "probe"})
+
+
+class CandidateEvent(LogEvent):
+    candidate_id: str
+    event: EventKind
+    by: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def _next_state(event: CandidateEvent) -> str:
+    if event.event == "evaluated":
+        return "selected" if event.data.get("decision") == "select" else "gate_rejected"
+    return event.event
+
+
+class CandidateView(BaseModel):
+    """A candidate as of its latest event: what the API and the dashboard show."""
+
+    candidate_id: str
+    scenario: str
+    kind: ArtifactKind
+    status: Status
+    source: str | None = None
+    source_id: str | None = None  # the recipe's own id (`<scenario>-<hash>`), for people
+    created_at: datetime
+    lineage: ReleaseLineage | None = None
+    train_metrics: dict[str, Any] = Field(default_factory=dict)
+    training_log: list[dict[str, Any]] = Field(default_factory=list, description="per-step training metrics")
+    mutations: list[dict[str, Any]] = Field(default_factory=list,
+                                            description="a harness candidate's changes to its parent harness")
+    gate: GateResult | None = None
+    rejected_by: str | None = None
+    reject_reason: str | None = None
+    release_id: str | None = None
+    state: str = Field(default="registered", exclude=True)  # the TRANSITIONS state behind `status`
+
+
+class CandidateRegistry:
+    def __init__(self, data_dir: Path | str, scenario: str, *, fsync: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.scenario = validate_scenario(scenario)
+        self.dir = self.data_dir / "releases" / scenario
+        self.path = self.dir / CANDIDATES_FILE
+        self.fsync = fsync
+
+    @classmethod
+    def scenarios(cls, data_dir: Path | str) -> list[str]:
+        root = Path(data_dir) / "releases"
+        return sorted(p.parent.name for p in root.glob(f"*/{CANDIDATES_FILE}")) if root.is_dir() else []
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def events(self) -> list[CandidateEvent]:
+        return read_log(self.path, CandidateEvent.model_validate_json)
+
+    def list(self) -> list[CandidateView]:
+        """Every candidate, newest first."""
+        views: dict[str, CandidateView] = {}
+        for ev in self.events():
+            view = views.get(ev.candidate_id)
+            state = _next_state(ev)
+            if not TRANSITIONS.allowed(view.state if view else None, state):
+                # Only a log written before transitions were checked can hold one: keep the earlier state.
+                log.warning("%s: ignoring %s event of candidate %s in state %s", self.path, ev.event,
+                            ev.candidate_id[:12], view.state if view else None)
+                continue
+            update: dict[str, Any] = {"state": state, "status": _STATUS[state]}
+            if ev.event == "registered":
+                views[ev.candidate_id] = CandidateView.model_validate(
+                    {**ev.data, "candidate_id": ev.candidate_id, "scenario": self.scenario, **update})
+                continue
+            assert view is not None
+            if ev.event == "evaluated":
+                update["gate"] = GateResult.model_validate(ev.data)
+            elif ev.event == "rejected":
+                update.update(rejected_by=ev.by, reject_reason=ev.data.get("reason"))
+            elif ev.event == "released":
+                update["release_id"] = ev.data.get("release_id")
+            views[ev.candidate_id] = view.model_copy(update=update)
+        return sorted(views.values(), key=lambda v: v.created_at, reverse=True)
+
+    def get(self, candidate_id: str, *, details: bool = False) -> CandidateView:
+        """By id or unique prefix (>= 8 characters); with `details`, the gate's per-prompt outputs."""
+        matches = [v for v in self.list() if v.candidate_id.startswith(candidate_id)]
+        if len(candidate_id) < MIN_PREFIX or not matches:
+            raise CandidateNotFoundError(f"no candidate {candidate_id!r} in scenario {self.scenario}")
+        if len(matches) > 1:
+            raise CandidateNotFoundError(f"{candidate_id!r} matches {len(matches)} candidates; give more of the id")
+        view = matches[0]
+        if details and view.gate is not None:
+            path = self.dir / GATE_DIR / f"{view.candidate_id}.json"
+            if path.is_file():
+                outcomes = [PromptOutcome.model_validate(o) for o in json.loads(path.read_text())]
+                view = view.model_copy(update={"gate": view.gate.model_copy(update={"per_prompt": outcomes})})
+        return view
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def register(self, candidate_dir: Path | str, artifacts: ArtifactStore | None = None) -> CandidateView:
+        """Import a recipe's candidate folder (weights, or a harness tree when its candidate.json says
+        kind "harness"); the existing view when this content is registered."""
+        src = Path(candidate_dir)
+        meta = json.loads((src / "candidate.json").read_text()) if (src / "candidate.json").is_file() else {}
+        if meta.get("scenario") not in (None, self.scenario):
+            raise CandidateError(f"{src} is a candidate for {meta['scenario']}, not {self.scenario}")
+        store = artifacts or ArtifactStore.for_data_dir(self.data_dir)
+        if meta.get("kind") == "harness":
+            lineage = ReleaseLineage.model_validate(meta["lineage"]) if meta.get("lineage") else None
+            manifest = store.import_harness(src, lineage=lineage)
+        else:
+            manifest = store.import_candidate(src)
+        with self._locked():
+            for view in self.list():
+                if view.candidate_id == manifest.content_id:
+                    return view
+            self._append(CandidateEvent(candidate_id=manifest.content_id, event="registered", data={
+                "kind": manifest.kind, "source": str(src.resolve()), "source_id": meta.get("id"),
+                "created_at": utcnow().isoformat(),
+                "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
+                "train_metrics": meta.get("metrics") or {}, "training_log": meta.get("training_log") or [],
+                **({"mutations": meta["mutations"]} if meta.get("mutations") else {}),
+            }))
+        return self.get(manifest.content_id)
+
+    def record_gate(self, candidate_id: str, result: GateResult) -> CandidateView:
+        event = CandidateEvent(candidate_id=candidate_id, event="evaluated",
+                               data=result.model_dump(mode="json", exclude={"per_prompt"}))
+        with self._locked():
+            self.check(event)  # before the outputs: a refused result must not replace the last one's
+            if result.per_prompt is not None:
+                (self.dir / GATE_DIR).mkdir(parents=True, exist_ok=True)
+                replace_atomically(
+                    self.dir / GATE_DIR / f"{candidate_id}.json",
+                    json.dumps([o.model_dump(mode="json") for o in result.per_prompt]).encode(), fsync=self.fsync,
+                )
+            self._append(event)
+        return self.get(candidate_id)
+
+    def reject(self, candidate_id: str, reason: str, by: str | None = None) -> CandidateView:
+        with self._locked():
+            view = self.get(candidate_id)
+            if view.status == "released":
+                raise CandidateStateError(f"{view.candidate_id[:12]} is released as {view.release_id}: "
+                                          "roll back instead")
+            self._append(CandidateEvent(candidate_id=view.candidate_id, event="rejected", by=by,
+                                        data={"reason": reason}))
+        return self.get(view.candidate_id)
+
+    def mark_released(self, candidate_id: str, release_id: str, by: str | None = None) -> None:
+        with self._locked():
+            self._append(CandidateEvent(candidate_id=candidate_id, event="released", by=by,
+                                        data={"release_id": release_id}))
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def check(self, event: CandidateEvent) -> None:
+        """Raise CandidateStateError unless the candidate's current state allows `event`."""
+        current = next((v for v in self.list() if v.candidate_id == event.candidate_id), None)
+        try:
+            TRANSITIONS.check(current.state if current else None, _next_state(event), event.candidate_id[:12])
+        except IllegalTransitionError as exc:
+            raise CandidateStateError(f"{exc} ({event.event} event refused)") from None
+
+    def _append(self, event: CandidateEvent) -> None:
+        """Append one event (the caller holds the lock), if the candidate's state allows it."""
+        self.check(event)
+        append_line(self.path, event.model_dump_json().encode() + b"\n", fsync=self.fsync)
+
+
+def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario: str | None = None) -> CandidateView:
+    """Register a recipe's candidate folder under its scenario (read from its candidate.json)."""
+    if scenario is None:
+        meta_path = Path(candidate_dir) / "candidate.json"
+        if not meta_path.is_file():
+            raise CandidateError(f"{candidate_dir} has no candidate.json; pass the scenario")
+        scenario = json.loads(meta_path.read_text())["scenario"]
+    return CandidateRegistry(data_dir, scenario).register(candidate_dir)
+
+
+def find_candidate(data_dir: Path | str, candidate_id: str) -> CandidateView:
+    """A candidate of any scenario, by id or unique prefix."""
+    found: list[CandidateView] = []
+    for scenario in CandidateRegistry.scenarios(data_dir):
+        try:
+            found.append(CandidateRegistry(data_dir, scenario).get(candidate_id, details=True))
+        except CandidateNotFoundError:
+            continue
+    if len(found) != 1:
+        raise CandidateNotFoundError(f"no candidate {candidate_id!r}" if not found
+                                     else f"{candidate_id!r} is ambiguous across scenarios")
+    return found[0]

@@ -1,0 +1,231 @@
+"""The canary controller: starts and stops canaries, carries out their rule's verdict, and resumes
+them after a restart.
+
+A canary's traffic split is a routing release on the scenario's chain (reef.registry.schema.Routing:
+the head arm and the candidate arm with their shares): starting a canary appends one, and the
+canary ends with the next release, whatever it is (its promotion, a routing release without the
+split when it is aborted, or any release or rollback a person makes). The chain is the one truth
+of what serves: a restarted `reef serve` applies the head's split, and a rollback to a routing
+release restores it. The canary log (reef.serving.canary.CanaryLog) is the decision's state
+machine over that split: a canary runs exactly while the head is its routing release
+(`Canary.head_release_id`), and a chain release is always written before the canary event it
+causes, so a crash between the two is repaired from the chain at the next start.
+
+The gateway counts each arm's requests and reports (reef.serving.canary). A report that completes
+the sample only schedules the decision: it runs here, in a background task, never inside the
+report's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from reef.registry.candidates import CandidateRegistry
+from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseError
+from reef.registry.schema import Release
+from reef.serving.canary import Canaries, Canary, CanaryLog, CanaryState, recount
+from reef.serving.swap import EngineConflictError
+
+if TYPE_CHECKING:
+    from reef.serving.publisher import Publisher
+
+log = logging.getLogger("reef.registry")
+
+
+class CanaryController:
+    def __init__(self, publisher: Publisher, canaries: Canaries) -> None:
+        self.publisher = publisher
+        self.canaries = canaries
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def log(self, scenario: str) -> CanaryLog:
+        return CanaryLog(self.publisher.data_dir, scenario)
+
+    def describe(self, scenario: str) -> dict[str, object] | None:
+        return self.canaries.describe(scenario)
+
+    # --- a person (or the API) --------------------------------------------------------------
+
+    async def start(self, scenario: str, candidate_id: str, fraction: float | None,
+                    expected_parent: str | None = None, approved_by: str | None = None) -> Canary:
+        """Append a routing release splitting `fraction` of the traffic to the candidate (on top of
+        `expected_parent`; None: the head); its canary starts with it."""
+        pub = self.publisher
+        view = CandidateRegistry(pub.data_dir, scenario).get(candidate_id)
+        if view.status != "selected":
+            raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}; a canary needs a "
+                                   "candidate the gate selected")
+        if view.kind != "lora":
+            raise EngineConflictError("a canary shares the engine with the head, so it needs a LoRA candidate")
+        share = fraction if fraction is not None else pub.config.scenario(scenario).canary.fraction
+        evaluation: dict[str, Any] = {"canary": {"candidate_id": view.candidate_id, "fraction": share,
+                                                 "gate": view.gate.summary() if view.gate else None}}
+        release = await pub.route(scenario, expected_parent, (view.candidate_id, share), approved_by or "admin",
+                                  evaluation, reason="replaced by another canary")
+        return self._of(scenario, release.release_id)
+
+    async def stop(self, scenario: str, reason: str = "stopped by a person",
+                   approved_by: str | None = None) -> Canary | None:
+        canary = self.canaries.running.get(scenario)
+        if canary is None:
+            return None
+        await self._end_split(scenario, canary, reason, approved_by or "admin")
+        return self._of(scenario, canary.head_release_id)
+
+    def _of(self, scenario: str, routing_release: str) -> Canary:
+        """The canary of a routing release, running or (already) decided."""
+        for canary in (self.canaries.running.get(scenario), self.canaries.finished.get(scenario)):
+            if canary is not None and canary.head_release_id == routing_release:
+                return canary
+        found = next(c for c in reversed(self.log(scenario).canaries()) if c.head_release_id == routing_release)
+        return found
+
+    async def _end_split(self, scenario: str, canary: Canary, reason: str | None, by: str = "canary") -> None:
+        """End `canary` by a routing release without its split. A head that moved already ended it."""
+        try:
+            await self.publisher.route(scenario, canary.head_release_id, None, by, {"canary": canary.public()},
+                                       reason=reason)
+        except HeadMovedError:
+            pass  # the release that moved the head ended the canary (on_release)
+
+    # --- the rule ---------------------------------------------------------------------------
+
+    def schedule(self, scenarios: list[str]) -> None:
+        """Decide these scenarios' canaries soon, off the caller's path (one task per scenario)."""
+        for scenario in scenarios:
+            task = self._tasks.get(scenario)
+            if task is None or task.done():
+                task = asyncio.get_running_loop().create_task(self._decide(scenario), name=f"canary-{scenario}")
+                self._tasks[scenario] = task
+
+    async def _decide(self, scenario: str) -> None:
+        try:
+            await self._carry_out(scenario)
+        except Exception:  # a background task: nobody else would see the error
+            log.exception("%s: deciding the canary failed", scenario)
+
+    async def _carry_out(self, scenario: str) -> None:
+        pub = self.publisher
+        async with pub.lock:
+            canary = self.canaries.running.get(scenario)
+            verdict = canary.decide() if canary is not None else None
+            if canary is None or verdict is None:
+                return
+            if verdict == "promoted":
+                await asyncio.to_thread(self.log(scenario).append, canary, "promoting", canary.reason)
+        if verdict == "aborted":
+            log.warning("%s: canary of %s aborted: %s", scenario, canary.candidate_id[:12], canary.reason)
+            await self._end_split(scenario, canary, canary.reason)
+            return
+        try:
+            # The promote release ends the canary as promoted when it switches the route (on_release).
+            await pub.release(scenario, canary.candidate_id, canary.head_release_id, approved_by="canary",
+                              operation="promote")
+        except Exception as exc:  # noqa: BLE001 - any refusal aborts the canary, with the reason
+            if self.canaries.running.get(scenario) is canary:
+                await self._end_split(scenario, canary, f"promotion failed: {exc}")
+            if not isinstance(exc, ReleaseError):
+                raise
+
+    # --- for the publisher (it holds its lock) -----------------------------------------------
+
+    def on_release(self, scenario: str, release: Release, reason: str | None = None) -> None:
+        """`release` now heads the scenario: the canary running until now ends (promoted if this is
+        its promotion, else aborted with `reason`), and a release that splits traffic starts its own."""
+        canary = self.canaries.running.get(scenario)
+        if canary is not None:
+            if (canary.state == "promoting" and release.operation == "promote"
+                    and release.content_id == canary.candidate_id):
+                self._end(scenario, "promoted", canary.reason, release.release_id)
+            else:
+                self._end(scenario, "aborted", reason or f"superseded by {release.release_id}")
+        if release.split() is not None:
+            self._begin(scenario, release, f"restored by {release.release_id}" if release.operation == "rollback"
+                        else None)
+
+    def _begin(self, scenario: str, release: Release, reason: str | None) -> Canary:
+        arm = release.split()
+        assert arm is not None
+        canary = self.canaries.new(scenario, arm.content_id, release.release_id,
+                                   self.publisher.config.scenario(scenario).canary, arm.share)
+        self.log(scenario).append(canary, "running", reason)
+        self.canaries.run(canary)
+        return canary
+
+    def _end(self, scenario: str, state: CanaryState, reason: str | None,
+             release_id: str | None = None) -> Canary | None:
+        canary = self.canaries.running.get(scenario)
+        if canary is None:
+            return None
+        self.log(scenario).append(canary, state, reason, release_id)
+        return self.canaries.end(scenario)
+
+    # --- restart ----------------------------------------------------------------------------
+
+    async def resume(self) -> None:
+        """Bring each scenario's canary in line with its chain's head, after the publisher applied
+        the heads (and their splits): the canary of the head's routing release runs on, counted
+        again from the recorded experience; any other that was running ends."""
+        pub = self.publisher
+        scenarios = sorted({p.parent.name for p in (pub.data_dir / "releases").glob("*/canaries.jsonl")}
+                           | set(pub.routes.serving()))
+        for scenario in scenarios:
+            lost: Canary | None = None
+            async with pub.lock:
+                try:
+                    lost = await self._resume(scenario)
+                except ReleaseError as exc:
+                    log.error("%s: could not resume the canary: %s", scenario, exc)
+                finally:
+                    pub.hold.open()
+            if lost is not None:
+                await self._end_split(scenario, lost, "could not load the candidate again after a restart")
+
+    async def _resume(self, scenario: str) -> Canary | None:
+        """Returns a canary whose split could not be applied (to be ended on the chain)."""
+        chain = self.publisher.chain(scenario)
+        head = chain.head()
+        split = head.split() if head is not None else None
+        canary = self.log(scenario).last()
+        if canary is not None and canary.state in ("promoted", "aborted"):
+            self.canaries.finished[scenario] = canary
+            canary = None
+        if canary is not None:
+            self.canaries.run(canary)  # so that every way out below is a persisted transition
+            if canary.state == "promoting":
+                done = next((r for r in chain.releases() if r.operation == "promote"
+                             and r.content_id == canary.candidate_id
+                             and r.parent_release_id == canary.head_release_id), None)
+                if done is not None:
+                    self._end(scenario, "promoted", canary.reason, done.release_id)
+                    canary = None
+            if canary is not None and (head is None or canary.head_release_id != head.release_id):
+                self._end(scenario, "aborted", f"the head moved to {head.release_id if head else None} meanwhile")
+                canary = None
+            if canary is not None and canary.state == "promoting":
+                self.log(scenario).append(canary, "running", "resumed: the promotion had not happened")
+        if split is None or head is None:
+            return None
+        if canary is None:  # the routing release was committed, its canary event was not
+            canary = self._begin(scenario, head, "resumed from the head's routing release")
+        if self.publisher.routes.for_scenario(scenario).canary is None:
+            return canary
+        canary.arms, by_record = await asyncio.to_thread(recount, self.publisher.data_dir, canary)
+        self.canaries.run(canary, by_record)
+        log.info("%s: canary of %s resumed with %s", scenario, canary.candidate_id[:12],
+                 {arm: stats.public() for arm, stats in canary.arms.items()})
+        self.schedule([scenario])
+        return None
+
+    async def splits_applied(self) -> None:
+        """After an engine restart the publisher applied every head again: a running canary whose
+        candidate could not be loaded again ends."""
+        for scenario, canary in list(self.canaries.running.items()):
+            if self.publisher.routes.for_scenario(scenario).canary is None:
+                await self._end_split(scenario, canary, "could not load the candidate again after an engine restart")
+
+    def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
