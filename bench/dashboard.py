@@ -36,6 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `dashboard` is a folder at the repository root, not part of the package
 APP = REPO / "dashboard" / "app.py"
+
+from bench.results import add_flag, publish  # noqa: E402
+
 PAGES = ["overview", "experience", "candidates", "release", "lineage"]
 BUDGET_S = 2.0
 
@@ -156,6 +159,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="cold renders per page; the median is reported")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "dashboard.json")
     parser.add_argument("--no-browser", action="store_true", help="skip the Chromium measurement")
+    add_flag(parser)
     args = parser.parse_args()
     os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")  # AppTest warns "no runtime" on every run
     logging.getLogger("streamlit").setLevel(logging.ERROR)
@@ -185,15 +189,18 @@ def main() -> None:
 
         records = pl.scan_parquet(str(data_dir / "experience" / "*" / "records" / "*.parquet")).select(pl.len())
         n = records.collect().item()
-        print(f"\n{n:,} records; median of {args.repeat} renders per page (budget {BUDGET_S:.0f} s)\n")
-        print(f"{'':<12}{'script (AppTest)':^30}{'in Chromium':^30}")
-        print(f"{'page':<12}{'cold s':>10}{'cold max s':>11}{'warm s':>9}{'cold s':>10}{'cold max s':>11}{'warm s':>9}")
+        title = f"{n:,} records; median of {args.repeat} renders per page (budget {BUDGET_S:.0f} s)"
+        print(f"\n{title}\n")
+        lines = [f"{'':<12}{'script (AppTest)':^30}{'in Chromium':^30}",
+                 f"{'page':<12}" + f"{'cold s':>10}{'cold max s':>11}{'warm s':>9}" * 2]
         for page, r in results.items():
             worst = max(r["cold_max_s"], r.get("browser_cold_max_s", 0.0))
             browser_cols = (f"{r['browser_cold_s']:>10.3f}{r['browser_cold_max_s']:>11.3f}{r['browser_warm_s']:>9.3f}"
                             if "browser_cold_s" in r else f"{'-':>10}{'-':>11}{'-':>9}")
-            print(f"{page:<12}{r['cold_s']:>10.3f}{r['cold_max_s']:>11.3f}{r['warm_s']:>9.3f}{browser_cols}"
-                  + ("" if worst < BUDGET_S else "  OVER BUDGET"))
+            lines.append(f"{page:<12}{r['cold_s']:>10.3f}{r['cold_max_s']:>11.3f}{r['warm_s']:>9.3f}{browser_cols}"
+                         + ("" if worst < BUDGET_S else "  OVER BUDGET"))
+        print("\n".join(lines))
+        publish(args, "dashboard", f"**{title}**", "```\n" + "\n".join(lines) + "\n```")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"records": n, "pages": results}, indent=2) + "\n")
     finally:

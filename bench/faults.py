@@ -39,6 +39,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
@@ -274,11 +275,12 @@ def _selected_full_candidate(data: Path) -> tuple[str, dict]:
 
 def _base_reply(probe: dict) -> str:
     """What the base model answers to the probe at temperature 0 (transformers, fp32, as the gate)."""
-    from reef.sampling.transformers import load_model, replies
+    from reef.sampling.load import load_model
+    from reef.sampling.transformers import TransformersSampler
 
     model, tokenizer = load_model(TINY)
-    return replies(model, tokenizer, [probe["messages"]], samples=1, temperature=0.0, seed=0,
-                   max_new_tokens=probe["max_tokens"])[0][0]
+    return TransformersSampler(model, tokenizer).sample([probe["messages"]], 1, max_new_tokens=probe["max_tokens"],
+                                                        temperature=0.0, seed=0)[0][0].text
 
 
 def swap_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list[list[str]]:
@@ -326,11 +328,15 @@ def swap_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list
     return rows
 
 
+ROWS = "engine,gateway,disk,learner,swap"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0, help="of load before and after each fault")
-    parser.add_argument("--rows", default="engine,gateway,disk,learner,swap", help="which rows, comma-separated")
+    parser.add_argument("--rows", default=ROWS, help="which rows, comma-separated")
+    add_flag(parser)
     args = parser.parse_args()
     wanted = set(args.rows.split(","))
     rows = []
@@ -362,6 +368,8 @@ def main() -> None:
     for r in rows:
         table.add_row(*r)
     console.print(table)
+    # A run of some rows gets a section of its own rather than replacing the whole table's.
+    publish(args, "faults" if wanted >= set(ROWS.split(",")) else "faults_" + "_".join(sorted(wanted)), table)
 
 
 if __name__ == "__main__":

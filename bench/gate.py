@@ -24,17 +24,19 @@ from typing import Any
 import psutil
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
 from reef.gate.evaluate import GateConfig, GateEngine, Weights, gate_weights  # noqa: E402
+from reef.gate.evaluator import suite_for  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
-from reef.sampling.transformers import suite_for  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=4)
+    add_flag(parser)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="reef-bench-gate-"))
     with console.status("training a LoRA candidate..."):
@@ -123,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     speedup = summary["transformers"]["wall_s"] / summary["engine"]["wall_s"]
     ok = speedup >= 1.0
-    console.print(f"engine path {speedup:.2f}x the transformers path's speed (wall); target >= 1.0: "
-                  f"{'[green]met[/green]' if ok else '[red]missed[/red]'}")
+    verdict = (f"engine path {speedup:.2f}x the transformers path's speed (wall); target >= 1.0: "
+               f"{'[green]met[/green]' if ok else '[red]missed[/red]'}")
+    console.print(verdict)
+    publish(args, "gate", table, Text.from_markup(verdict))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "gate.json").write_text(json.dumps({"rounds": runs, "median": summary, "samples": args.samples,
                                                "speedup": speedup}, indent=2))

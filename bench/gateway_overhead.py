@@ -49,10 +49,12 @@ import httpx
 import psutil
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor, free_port  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
@@ -295,11 +297,15 @@ def _stand_in_results(per_round: dict[str, list[float]]) -> dict[str, float | li
     return out
 
 
-def _print_baseline(mode: str, r: dict[str, float | list[float]]) -> None:
-    if "baseline_cpu_ms_per_request" in r:
-        console.print(f"baseline ({mode}, the same rounds): {r['baseline_cpu_ms_per_request']:.3f} ms CPU per request "
-                      f"against {r['gateway_cpu_ms_per_request']:.3f} ms for this checkout: "
-                      f"[bold]{100 * r['change_vs_baseline']:+.1f} %[/] (median of the per-round ratios)")
+def _print_baseline(mode: str, r: dict[str, float | list[float]]) -> list[str]:
+    """The line printed (none without a baseline), for the results file."""
+    if "baseline_cpu_ms_per_request" not in r:
+        return []
+    line = (f"baseline ({mode}, the same rounds): {r['baseline_cpu_ms_per_request']:.3f} ms CPU per request "
+            f"against {r['gateway_cpu_ms_per_request']:.3f} ms for this checkout: "
+            f"[bold]{100 * r['change_vs_baseline']:+.1f} %[/] (median of the per-round ratios)")
+    console.print(line)
+    return [line]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -327,6 +333,7 @@ def main() -> int:
                         help="another checkout of Reef (`git worktree add /tmp/base REV`): its gateway is a third "
                              "arm of the stand-in rounds, so a change is measured side by side")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
+    add_flag(parser)
     args = parser.parse_args()
     if args.stand_in_only:
         return _stand_in_only(args)
@@ -425,15 +432,18 @@ def main() -> int:
                     f"{r.get('gateway_cpu_ms_per_request_net_of_idle', r['gateway_cpu_ms_per_request']):.2f}",
                     "-" if mode == "stream" else "<= 1 ms")
     console.print(cpu)
+    lines = []
     for mode in [m for m in STAND_IN.values() if m in results]:
         floor = results[mode]
-        console.print(f"bare uvicorn ({mode}: the floor of any ASGI server here, alternating with those rounds): "
-                      f"{floor['bare_uvicorn_cpu_ms_per_request']:.2f} ms CPU per request; Reef adds "
-                      f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
-        _print_baseline(mode, floor)
-    console.print(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
-                  f"out of each round); machine: {os.cpu_count()} cores, load average "
-                  f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+        lines.append(f"bare uvicorn ({mode}: the floor of any ASGI server here, alternating with those rounds): "
+                     f"{floor['bare_uvicorn_cpu_ms_per_request']:.2f} ms CPU per request; Reef adds "
+                     f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
+        console.print(lines[-1])
+        lines += _print_baseline(mode, floor)
+    lines.append(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
+                 f"out of each round); machine: {os.cpu_count()} cores, load average "
+                 f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    console.print(lines[-1])
     table = Table(title=f"gateway overhead: {args.clients} clients x {args.tokens} tokens, "
                         f"median of {args.rounds} alternating rounds")
     for col in ("mode", "direct tok/s", "gateway tok/s", "ratio (>=0.95) [q1, q3]", "added p50 ms (<=2)",
@@ -450,6 +460,7 @@ def main() -> int:
         else:
             table.add_row(f"{mode}, 8 tok", "-", "-", "-", f"{r['added_p50_ms']:.1f}", f"{r['added_p99_ms']:.1f}")
     console.print(table)
+    publish(args, "gateway_overhead", cpu, "\n".join(f"- {Text.from_markup(line).plain}" for line in lines), table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**results, "machine": machine}, indent=2))
     return 0
@@ -457,6 +468,7 @@ def main() -> int:
 
 def _stand_in_only(args: argparse.Namespace) -> int:
     out: dict[str, dict[str, float | list[float]]] = {}
+    lines = []
     for load in _loads():
         load_before = os.getloadavg()[0]
         per_round = _stand_in_cpu(_fixture_response(args.tokens), args.rounds, args.clients, args.tokens, load,
@@ -464,14 +476,16 @@ def _stand_in_only(args: argparse.Namespace) -> int:
         rounds = per_round["gateway"]
         r = out[STAND_IN[load]] = _stand_in_results(per_round)
         # `\\[`: a literal bracket, not rich markup (rich drops an unknown tag such as "[q1 ...]").
-        console.print(f"gateway CPU per JSON request, stand-in upstream, {load} load, {args.tokens} tok, median of "
-                      f"{args.rounds} rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
-                      f"\\[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
-                      f"min - max {min(rounds):.2f} - {max(rounds):.2f} (target <= 1 ms); bare uvicorn under "
-                      f"the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, so Reef adds "
-                      f"{r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
-                      f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-        _print_baseline(STAND_IN[load], r)
+        lines.append(f"gateway CPU per JSON request, stand-in upstream, {load} load, {args.tokens} tok, median of "
+                     f"{args.rounds} rounds: [bold]{r['gateway_cpu_ms_per_request']:.2f} ms[/] "
+                     f"\\[q1 {r['gateway_cpu_ms_per_request_q1']:.2f}, q3 {r['gateway_cpu_ms_per_request_q3']:.2f}], "
+                     f"min - max {min(rounds):.2f} - {max(rounds):.2f} (target <= 1 ms); bare uvicorn under "
+                     f"the same load {r['bare_uvicorn_cpu_ms_per_request']:.2f} ms, so Reef adds "
+                     f"{r['reef_added_cpu_ms_per_request']:.2f} ms; machine: {os.cpu_count()} cores, "
+                     f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+        console.print(lines[-1])
+        lines += _print_baseline(STAND_IN[load], r)
+    publish(args, "gateway_overhead_stand_in", "\n".join(f"- {Text.from_markup(line).plain}" for line in lines))
     path = args.out.with_stem(args.out.stem + "_stand_in")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))

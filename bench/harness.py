@@ -30,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.demo import rules as demo  # noqa: E402
 from reef.gate.evaluate import GateConfig, evaluate_candidate  # noqa: E402
 from reef.learn.round import RoundPlan, run_round  # noqa: E402
@@ -59,6 +60,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=72, help="training prompts answered by the base model")
     parser.add_argument("--traffic-samples", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_flag(parser)
     args = parser.parse_args()
     import torch
 
@@ -91,11 +93,13 @@ def main() -> int:
                   f"{result.delta:+.3f}", f"[{result.ci_low:+.3f}, {result.ci_high:+.3f}]",
                   f"{result.wins}/{result.losses}/{result.ties}")
     console.print(table)
-    console.print(f"gate: {result.decision} ({result.reason})")
-    console.print(f"traffic: {traffic['records']} records, mean score {traffic['mean_score']:.3f}; "
-                  f"proposer saw {out['candidate']['metrics']['failures']} failures")
-    for name, (wall, used) in phases.items():
-        console.print(f"  {name:34} {used:6.1f} s CPU  {wall:6.1f} s wall")
+    lines = [f"gate: {result.decision} ({result.reason})",
+             f"traffic: {traffic['records']} records, mean score {traffic['mean_score']:.3f}; "
+             f"proposer saw {out['candidate']['metrics']['failures']} failures",
+             *(f"  {name:34} {used:6.1f} s CPU  {wall:6.1f} s wall" for name, (wall, used) in phases.items())]
+    for line in lines:
+        console.print(line)
+    publish(args, "harness", table, "\n".join(f"- {line.strip()}" for line in lines))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "harness.json").write_text(json.dumps({
         "gate": result.summary(), "rules": rules, "traffic": traffic,

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,9 +27,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from reef.config import StoreConfig
-from reef.experience.schema import Choice, Message, Record, record_content_hash, sha256_json, utcnow
-from reef.experience.store import ExperienceStore
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.results import add_flag, publish  # noqa: E402
+from reef.config import StoreConfig  # noqa: E402
+from reef.core.clock import utcnow  # noqa: E402
+from reef.core.hashing import sha256_json  # noqa: E402
+from reef.experience.schema import Choice, Message, Record, record_content_hash  # noqa: E402
+from reef.experience.store import ExperienceStore  # noqa: E402
 
 console = Console(width=110)
 
@@ -154,6 +161,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
                  "records/s when other work shares the cores")
     for note in notes:
         console.print(f"  {note}")
+    publish(args, "ingest", results, "\n".join(f"- {note}" for note in notes))
 
 
 def main() -> None:
@@ -163,6 +171,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--no-fsync", action="store_true")
     parser.add_argument("--data-dir", type=Path, help="where to write (default: a temporary folder, removed)")
+    add_flag(parser)
     args = parser.parse_args()
     if args.data_dir:
         run(args, args.data_dir)

@@ -43,6 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -56,13 +57,15 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reef.config import resolve  # noqa: E402
+from bench.results import add_flag, publish  # noqa: E402
+from reef.config import parse_overrides, resolve  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
-from reef.learn.pipeline import gate_metrics, parse_overrides  # noqa: E402
+from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.simulate import simulate  # noqa: E402
@@ -300,7 +303,7 @@ def plot(result: Result, path: Path) -> None:
     plt.close(fig)
 
 
-def report_scenario(sr: ScenarioResult, result: Result) -> None:
+def report_scenario(sr: ScenarioResult, result: Result) -> Table:
     table = Table(title=f"held-out success on {sr.scenario} (80 prompts x {result.config['eval_samples']} samples, "
                         f"temperature 1)")
     # "sampled reward": mean reward of the samples trained on, as they were generated (the
@@ -322,11 +325,12 @@ def report_scenario(sr: ScenarioResult, result: Result) -> None:
                       f"{g['prompts']} x {g['num_generations']}", f"{g['train_s']:.1f}",
                       f"{g['candidate_success']:.1%}", f"{g['metrics']['delta']:+.1%}{err}")
     console.print(table)
+    return table
 
 
-def report(result: Result) -> None:
-    for sr in result.scenarios.values():
-        report_scenario(sr, result)
+def report(result: Result) -> list[Table | Text]:
+    """Print the tables and verdicts; returns them for the results file."""
+    printed: list[Table | Text] = [report_scenario(sr, result) for sr in result.scenarios.values()]
     side = Table(title="side by side: base and best held-out success per scenario")
     for col in ("scenario", "base", "best candidate", "target", "plain TRL GRPOTrainer"):
         side.add_column(col, justify="right" if col != "scenario" else "left")
@@ -342,10 +346,12 @@ def report(result: Result) -> None:
                      f"base <= 30 %, best >= {target:.0%}",
                      f"{sr.grpo['candidate_success']:.1%} ({sr.grpo['samples']} samples)" if sr.grpo else "-")
         verdicts.append(base_ok and best_ok)
+    verdict = f"targets: {mark[all(verdicts)]}; elapsed {result.elapsed_s:.0f} s"
     console.print(side)
-    console.print(f"targets: {mark[all(verdicts)]}; elapsed {result.elapsed_s:.0f} s")
+    console.print(verdict)
     console.print("[dim]note: the served model stayed the base model throughout (this bench releases nothing), "
                   "so every round's traffic was sampled from the base model.[/dim]")
+    return [*printed, side, Text.from_markup(verdict)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "(default: a temporary folder, removed afterwards)")
     parser.add_argument("--out", type=Path, default=OUT / "learning.json")
     parser.add_argument("--plot", type=Path, default=OUT / "learning.png")
+    add_flag(parser)
     args = parser.parse_args(argv)
     args.out, args.plot = args.out.resolve(), args.plot.resolve()  # the bench runs from its workdir
     overrides = parse_overrides(args.param)
@@ -430,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"GRPOTrainer: held-out success {grpo['candidate_success']:.1%}, train {grpo['train_s']:.1f} s")
     result.elapsed_s = time.perf_counter() - started
 
-    report(result)
+    # Another recipe's run is another experiment: a section of its own.
+    publish(args, "learning" if args.recipe == "rft" else "learning_" + re.sub(r"\W+", "_", args.recipe),
+            *report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
     plot(result, args.plot)

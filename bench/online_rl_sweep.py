@@ -31,6 +31,7 @@ from rich.table import Table  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--only", action="append", default=[], help="run only variants containing this text")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "online_rl_sweep.json")
+    add_flag(parser)
     args = parser.parse_args(argv)
     import datasets
     import transformers
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         signal = f"{r['train_samples']} / {r['snapshot_samples']}" if "train_samples" in r else "-"
         table.add_row(r["variant"], signal, f"{r['held_out']:.1%}")
     console.print(table)
+    publish(args, "online_rl_sweep", table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0

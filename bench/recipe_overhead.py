@@ -37,6 +37,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -48,6 +49,7 @@ from transformers import (  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from recipes.rft.recipe import RFT  # noqa: E402
 from reef.demo.task import SCENARIO  # noqa: E402
 from reef.recipe import Snapshot  # noqa: E402
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=320, help="demo-traffic prompts (x 4 samples) to snapshot")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "recipe_overhead.json")
+    add_flag(parser)
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="reef-recipe-overhead-"))
@@ -218,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                   "identical" if same_loss else "DIFFERENT")
     console.print(table)
     ok = step_overhead <= 0.10
-    console.print(f"per-step overhead {step_overhead:+.1%} (target <= 10 %): "
-                  f"{'[green]ok[/green]' if ok else '[red]MISSED[/red]'}")
+    verdict = (f"per-step overhead {step_overhead:+.1%} (target <= 10 %): "
+               f"{'[green]ok[/green]' if ok else '[red]MISSED[/red]'}")
+    console.print(verdict)
+    publish(args, "recipe_overhead", table, Text.from_markup(verdict))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                                     "summary": summary, "step_overhead": step_overhead,

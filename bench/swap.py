@@ -29,6 +29,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results import add_flag, publish  # noqa: E402
 from reef.client import ReefClient  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.gate.evaluate import GateConfig, evaluate_candidate  # noqa: E402
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--every", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "swap.json")
+    add_flag(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     work = Path(tempfile.mkdtemp(prefix="reef-swap-"))
@@ -191,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("p99 ratio", f"{result['p99_ratio']:.2f}x", "<= 1.5x")
     table.add_row("failed requests", f"{base_err} / {during_err}", "0")
     console.print(table)
+    publish(args, "swap", table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return 0

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from reef.config import StoreConfig
-from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash, sha256_json
+from reef.core.hashing import sha256_json
+from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash
 from reef.experience.store import ExperienceStore
 from reef.registry import ArtifactStore, Release, ReleaseChain, ReleaseLineage
 from reef.registry.candidates import CandidateRegistry, GateResult, PromptOutcome
@@ -252,12 +253,12 @@ def make_lora_candidate(base_model: Path, out: Path, scenario: str = "demo-add",
     as a recipe writes it: vLLM loads and serves it, so a release of it swaps for real."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    from reef.registry.artifacts import sha256_file
+    from reef.core.hashing import sha256_file
+    from reef.sampling.load import load_model
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    model, _ = load_model(base_model)
     peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                             init_lora_weights=False))
     peft.save_pretrained(out)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.engine.supervisor import free_port
 
 
@@ -18,11 +19,11 @@ class ServeProcess:
     def __init__(self, workdir: Path, args: list[str] | None = None, env: dict[str, str] | None = None,
                  port: int | None = None):
         self.workdir = workdir
-        self.data_dir = workdir / "data"
+        self.data_dir = workdir / DEFAULT_DATA_DIR
         self.args = args or []
         self.env = env or {}
         self.port = port or free_port()
-        self.log_path = self.data_dir / "logs" / "reef-serve.log"
+        self.log_path = DataDir(self.data_dir).logs / "reef-serve.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

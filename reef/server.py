@@ -16,6 +16,7 @@ import polars as pl
 import uvicorn
 
 from reef.config import DEFAULT_TINY_MODEL, ConfigError, ServeConfig
+from reef.core.paths import DataDir
 from reef.engine.supervisor import EngineSupervisor
 from reef.engine.weights import EngineWeights
 from reef.experience.store import ExperienceStore
@@ -42,7 +43,7 @@ def ensure_default_model(config: ServeConfig) -> None:
 
 def seed_sessions(index: SessionIndex, data_dir: Path) -> None:
     """Rebuild session stitching from stored records, so conversations survive a restart."""
-    shards = list((data_dir / "experience").glob("*/records/*.parquet"))
+    shards = list(DataDir(data_dir).experience().glob("*/records/*.parquet"))
     if not shards:
         return
     frame = (
@@ -76,7 +77,7 @@ def serve(config: ServeConfig) -> None:
             base_url = config.upstream.url
         else:
             ensure_default_model(config)
-            engine = EngineSupervisor(config, data_dir / "logs" / "vllm.log")
+            engine = EngineSupervisor(config, DataDir(data_dir).logs / "vllm.log")
             log.info("starting vLLM for %s", config.model_path)
             base_url = engine.start()
             log.info("vLLM healthy at %s after %.1f s", base_url, engine.startup_s or 0)

@@ -27,6 +27,8 @@ from reef.recipe.snapshot import select
 from reef.recipe.spec import ExperienceSpec
 from reef.serve_process import ServeProcess
 
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model]
+
 OPENAI_FIELDS = {"model", "messages", "stream", "stream_options", "logprobs", "top_logprobs", "max_tokens",
                  "max_completion_tokens", "temperature", "top_p", "n", "tools", "tool_choice", "seed", "stop",
                  "user", "presence_penalty", "frequency_penalty", "response_format"}

@@ -20,6 +20,8 @@ from reef.registry import (
 )
 from reef.registry.artifacts import FILES_DIR, MANIFEST_FILE
 
+pytestmark = pytest.mark.model_free
+
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -24,12 +24,12 @@ import torch
 
 from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
-from reef.sampling.transformers import load_model
+from reef.sampling.load import load_model
 from reef.traffic.offline import record_offline_traffic
-from tests.conftest import MODEL_NAME, TINY
+from tests.helpers import MODEL_NAME, TINY
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.start_early(4)]
 
 BASE_NAME = MODEL_NAME  # the session vLLM's name for the base weights
 PROMPTS = [t.messages for t in demo.eval_tasks()[:6:2]]

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from reef.config import ConfigError
-from tests.conftest import MODEL_NAME, Gateway
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway
+
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model]
 
 
 def reef(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -147,3 +150,22 @@ def test_bad_recipe_reference_exits_2_naming_the_key(tmp_path: Path) -> None:
                     "scenarios:\n  s: {recipe: r}\n")
     out = reef("serve", "-c", str(path), "--upstream-url", "http://127.0.0.1:9", cwd=tmp_path)
     assert out.returncode == 2 and "recipes.r" in out.stderr and "max_stepz" in out.stderr, out.stderr
+
+
+def test_an_unknown_params_yaml_key_exits_2_naming_it(tmp_path: Path) -> None:
+    """`reef learn --once` and `reef recipe run` read params.yaml with the same strict types as serve.yaml."""
+    path = tmp_path / "params.yaml"
+    cases = {
+        "scenarios: {demo-add: {}}\ntrain: {recipe: rft, max_stepz: 3}\n": "params.yaml: train.max_stepz: unknown key",
+        "scenarios: {demo-add: {}}\ntrain: {recipe: rft}\nevaluate: {sampels: 2}\n":
+            "params.yaml: evaluate.sampels: unknown key",
+    }
+    for text, named in cases.items():
+        path.write_text(text)
+        for args in (("learn", "--once", "--no-dvc"), ("recipe", "run", "rft")):
+            out = reef(*args, cwd=tmp_path)
+            assert out.returncode == 2 and named in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    path.write_text("scenarios: {demo-add: {}}\ntrain: {recipe: rft}\n")
+    out = reef("recipe", "run", "rft", "--set", "max_stepz=3", cwd=tmp_path)
+    assert out.returncode == 2 and "--set max_stepz: unknown key" in out.stderr, out.stderr
+    assert not (tmp_path / "data").exists()  # refused before any work

@@ -11,7 +11,10 @@ import openai
 import pytest
 
 from reef.scenario import packaged_scenarios
-from tests.conftest import MODEL_NAME, Gateway
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway
+
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(17)]
 
 HELLO = [{"role": "user", "content": "What is 2 + 3?"}]
 ALPHA_KEY = "key-alpha-only-1"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+import pytest
 import torch
 import vllm.lora.ops.torch_ops.lora_ops as ops
 import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
 
 from reef.engine import cpu_lora_fix as fix
+
+pytestmark = pytest.mark.model_free
 
 
 def test_plugin_is_registered_for_vllm() -> None:

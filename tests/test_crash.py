@@ -10,8 +10,12 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
-from tests.conftest import MODEL_NAME, Gateway
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway
+
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(15)]
 
 
 def _client_loop(gw: Gateway, worker: int, stop: threading.Event, acknowledged: dict[str, str]) -> None:

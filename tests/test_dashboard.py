@@ -17,7 +17,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 import streamlit as st
-from streamlit.testing.v1 import AppTest
 
 from dashboard import data, graph
 from dashboard.synthetic import gate_result, make_harness_candidate, make_lora_candidate, write_records, write_store
@@ -26,9 +25,9 @@ from reef.experience import load
 from reef.registry import ReleaseChain, Routing
 from reef.registry.base_model import ensure_scenario
 from reef.registry.candidates import CandidateRegistry, register_candidate
-from tests.conftest import REPO, Gateway
+from tests.helpers.dashboard import app, texts
+from tests.helpers.gateway import Gateway
 
-APP = str(REPO / "dashboard" / "app.py")
 SCENARIO = "demo-add"
 TOKEN = "dash-token"
 RECORDS = 600
@@ -64,26 +63,6 @@ def served(vllm_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFac
 def fresh_caches() -> None:
     st.cache_data.clear()
     st.cache_resource.clear()
-
-
-def app(monkeypatch: pytest.MonkeyPatch, data_dir: Path, url: str, page: str | None = None,
-        token: str | None = None) -> AppTest:
-    monkeypatch.setenv("REEF_DATA_DIR", str(data_dir))
-    monkeypatch.setenv("REEF_URL", url)
-    if token:
-        monkeypatch.setenv("REEF_ADMIN_TOKEN", token)
-    else:
-        monkeypatch.delenv("REEF_ADMIN_TOKEN", raising=False)
-    at = AppTest.from_file(APP, default_timeout=60).run()
-    assert not at.exception, at.exception
-    if page:
-        at.switch_page(f"views/{page}.py").run()
-        assert not at.exception, at.exception
-    return at
-
-
-def texts(at: AppTest, kind: str) -> list[str]:
-    return [e.value for e in getattr(at, kind)]
 
 
 @pytest.mark.vllm

@@ -28,11 +28,12 @@ from reef.demo import task as demo
 from reef.engine.supervisor import free_port
 from reef.gate.evaluate import GateConfig, evaluate_candidate
 from reef.registry.candidates import register_candidate
-from tests.conftest import ARTIFACTS, MODEL_NAME, REPO, TINY, Gateway
-from tests.release_support import train_candidates
+from tests.helpers import ARTIFACTS, MODEL_NAME, REPO, TINY
+from tests.helpers.gateway import Gateway
+from tests.helpers.releases import train_candidates
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.start_early(8)]
 
 S = demo.SCENARIO
 TOKEN = "browser-admin-token"

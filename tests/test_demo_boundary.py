@@ -12,6 +12,10 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.model_free
+
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("reef", "recipes", "dashboard")
 DEMO = REPO / "reef" / "demo"

@@ -11,6 +11,8 @@ import pytest
 from reef.core import durable
 from reef.recipe import ledger
 
+pytestmark = pytest.mark.model_free
+
 
 def _tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}

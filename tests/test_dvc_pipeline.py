@@ -18,7 +18,10 @@ import pytest
 import yaml
 
 from reef.traffic.offline import record_offline_traffic
-from tests.recipe_support import REPO, copy_tiny
+from tests.helpers import REPO
+from tests.helpers.models import copy_tiny
+
+pytestmark = pytest.mark.start_early(1)
 
 ENV = {
     **os.environ,

@@ -16,10 +16,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import MODEL_NAME, REPO, Gateway
+from tests.helpers import MODEL_NAME, REPO
+from tests.helpers.gateway import Gateway
+
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(16)]
 
 TOKEN = "fuzz-admin-token"
-HOOKS = "tests.schemathesis_hooks"
+HOOKS = "tests.helpers.schemathesis_hooks"
 CONFIG = REPO / "tests" / "fixtures" / "schemathesis.toml"
 DEFAULT_MAX_TOKENS = 4
 

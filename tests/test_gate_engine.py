@@ -21,11 +21,11 @@ from reef.recipe import Candidate
 from reef.registry.candidates import GateResult, register_candidate
 from reef.sampling.engine import TEMP_PREFIX
 from reef.scenario import EvalSpec, Scenario, eval_suite
-from tests.conftest import MODEL_NAME, TINY
-from tests.release_support import train_candidates
+from tests.helpers import MODEL_NAME, TINY
+from tests.helpers.releases import train_candidates
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.start_early(9)]
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_a_gate_without_a_free_adapter_slot_samples_with_transformers(
 
 def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, Candidate],
                                                               engine_gates: dict[str, GateResult]) -> None:
-    from reef.sampling.transformers import suite_for
+    from reef.gate.evaluator import suite_for
 
     on_engine = engine_gates["trained"]  # the candidate's gate on the engine, 4 samples, vs the base (r0)
     assert on_engine.samples_per_prompt == 4

@@ -12,25 +12,12 @@ import polars as pl
 import pytest
 
 from reef.experience.schema import RECORD_FEATURES
-from tests.conftest import MODEL_NAME, Gateway
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway, get_record, wait_flushed
+
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(13)]
 
 HELLO = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-def _record(gw: Gateway, record_id: str) -> dict:
-    resp = httpx.get(f"{gw.url}/reef/records/{record_id}")
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
-def _flushed(gw: Gateway, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        scenarios = httpx.get(f"{gw.url}/reef/status").json()["scenarios"]
-        if all(s["unflushed_records"] == 0 and s["unflushed_reports"] == 0 for s in scenarios.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError("store did not flush")
 
 
 def test_non_streaming_records_tokens_and_hides_them(gateway: Gateway) -> None:
@@ -45,7 +32,7 @@ def test_non_streaming_records_tokens_and_hides_them(gateway: Gateway) -> None:
     assert "prompt_token_ids" not in (completion.model_extra or {})
     assert completion.model == MODEL_NAME
 
-    rec = _record(gateway, record_id)
+    rec = get_record(gateway, record_id)
     assert rec["record_id"] == record_id
     assert rec["scenario"] == "default"
     assert rec["release_id"] == "default@r0"
@@ -84,7 +71,7 @@ def test_streaming_receipt_after_durable(gateway: Gateway) -> None:
     assert chunks[-1].model_extra["agent_record_id"] == header_id
     assert all(c.usage is None for c in chunks), "usage chunk leaks to a client that did not ask"
     assert all(ch.logprobs is None for c in chunks for ch in c.choices)
-    rec = _record(gateway, header_id)
+    rec = get_record(gateway, header_id)
     assert rec["stream"] is True
     assert rec["choices"][0]["content"] == text
     assert len(rec["choices"][0]["token_ids"]) == len(rec["choices"][0]["logprobs"]) > 0
@@ -107,7 +94,7 @@ def test_n_2_records_both_choices(gateway: Gateway) -> None:
     )
     completion = raw.parse()
     assert len(completion.choices) == 2
-    rec = _record(gateway, raw.headers["x-reef-agent-record-id"])
+    rec = get_record(gateway, raw.headers["x-reef-agent-record-id"])
     assert rec["gen_ai.request.choice.count"] == 2
     assert [c["index"] for c in rec["choices"]] == [0, 1]
     for stored, served in zip(rec["choices"], completion.choices, strict=True):
@@ -126,7 +113,7 @@ def test_streaming_n_2(gateway: Gateway) -> None:
     for c in chunks:
         for ch in c.choices:
             texts[ch.index] += ch.delta.content or ""
-    rec = _record(gateway, record_id)
+    rec = get_record(gateway, record_id)
     assert [c["content"] for c in rec["choices"]] == [texts[0], texts[1]]
 
 
@@ -135,7 +122,7 @@ def test_tools_pass_through_and_tags(gateway: Gateway) -> None:
                                                "parameters": {"type": "object", "properties": {}}}}]
     raw = gateway.client(**{"x-reef-tag-team": "blue", "x-reef-tag-exp": "7"}).chat.completions \
         .with_raw_response.create(model=MODEL_NAME, messages=HELLO, max_tokens=4, tools=tools, tool_choice="none")
-    rec = _record(gateway, raw.headers["x-reef-agent-record-id"])
+    rec = get_record(gateway, raw.headers["x-reef-agent-record-id"])
     assert json.loads(rec["params_json"])["tools"] == tools
     assert {t["name"]: t["value"] for t in rec["tags"]} == {"team": "blue", "exp": "7"}
 
@@ -150,17 +137,17 @@ def test_three_turns_stitched_into_one_session(gateway: Gateway) -> None:
         reply = raw.parse().choices[0].message
         messages = [*messages, {"role": "assistant", "content": reply.content},
                     {"role": "user", "content": f"turn {turn + 2}, again please"}]
-    sessions = {_record(gateway, i)["gen_ai.conversation.id"] for i in ids}
+    sessions = {get_record(gateway, i)["gen_ai.conversation.id"] for i in ids}
     assert len(sessions) == 1
     # An unrelated conversation gets a session of its own.
     other = client.chat.completions.with_raw_response.create(model=MODEL_NAME, messages=HELLO, max_tokens=4)
-    assert _record(gateway, other.headers["x-reef-agent-record-id"])["gen_ai.conversation.id"] not in sessions
+    assert get_record(gateway, other.headers["x-reef-agent-record-id"])["gen_ai.conversation.id"] not in sessions
 
 
 def test_session_header_wins(gateway: Gateway) -> None:
     raw = gateway.client(**{"x-reef-session": "my-session-1"}).chat.completions.with_raw_response.create(
         model=MODEL_NAME, messages=HELLO, max_tokens=4)
-    assert _record(gateway, raw.headers["x-reef-agent-record-id"])["gen_ai.conversation.id"] == "my-session-1"
+    assert get_record(gateway, raw.headers["x-reef-agent-record-id"])["gen_ai.conversation.id"] == "my-session-1"
 
 
 def test_idempotent_retry_returns_stored_response(gateway: Gateway) -> None:
@@ -246,7 +233,7 @@ def test_report_for_another_scenario_is_404(gateway: Gateway) -> None:
     raw = gateway.client(**{"x-reef-scenario": "alpha"}).chat.completions.with_raw_response.create(
         model=MODEL_NAME, messages=HELLO, max_tokens=4)
     record_id = raw.headers["x-reef-agent-record-id"]
-    assert _record(gateway, record_id)["scenario"] == "alpha"
+    assert get_record(gateway, record_id)["scenario"] == "alpha"
     wrong = httpx.post(f"{gateway.url}/reef/report", json={"agent_record_id": record_id, "score": 1},
                        headers={"x-reef-scenario": "beta"})
     assert wrong.status_code == 404
@@ -318,7 +305,7 @@ def test_experience_readable_by_datasets_and_polars(gateway: Gateway) -> None:
     for record_id in ids:
         httpx.post(f"{gateway.url}/reef/report", json={"agent_record_id": record_id, "score": 1.0},
                    headers={"x-reef-scenario": "readers"}).raise_for_status()
-    _flushed(gateway)
+    wait_flushed(gateway)
     root = gateway.data_dir / "experience" / "readers"
     ds = datasets.load_dataset("parquet", data_files=str(root / "records" / "*.parquet"), split="train")
     assert set(ds["record_id"]) == ids

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,13 +21,14 @@ import pytest
 import yaml
 
 from reef.client import ReefAPIError, ReefClient
+from reef.core.hashing import sha256_file
 from reef.experience.schema import RECORD_FEATURES
 from reef.experience.shards import scan
-from reef.registry.artifacts import sha256_file
 from reef.registry.candidates import CandidateRegistry, GateResult, register_candidate
 from reef.registry.harness import Harness, inject
-from tests.conftest import MODEL_NAME, TINY, Gateway
-from tests.release_support import Load
+from tests.helpers import MODEL_NAME, TINY, wait_for
+from tests.helpers.gateway import Gateway
+from tests.helpers.releases import Load
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = pytest.mark.vllm
@@ -197,10 +197,3 @@ def test_composite_release_and_rollback_under_load(gw: Gateway, api: ReefClient,
     assert labels == {f"{s}@r0", new["release_id"], back["release_id"]}, labels
     assert {c["candidate_id"]: c["status"] for c in api.candidates(s)} == {
         lora.candidate_id: "released", tree.candidate_id: "released"}
-
-
-def wait_for(condition: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)

@@ -31,8 +31,8 @@ from reef.registry.candidates import register_candidate
 from reef.registry.harness import Harness
 from reef.scenario import eval_suite, get_scenario
 from reef.traffic.offline import record_offline_traffic
-from tests.conftest import MODEL_NAME, TINY, Gateway
-from tests.test_harness import wait_for
+from tests.helpers import MODEL_NAME, TINY, wait_for
+from tests.helpers.gateway import Gateway
 
 S = demo.SCENARIO
 RULE = demo.RULE_LABEL

@@ -10,6 +10,8 @@ import pytest
 
 from reef.gateway.transport.http1 import ConnectionDropped, ConnectionPool
 
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model]
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 

@@ -21,7 +21,8 @@ import yaml
 
 from reef.client import ReefClient
 from reef.registry.candidates import CandidateRegistry, GateResult, register_candidate
-from tests.conftest import MODEL_NAME, REPO, TINY, Gateway
+from tests.helpers import MODEL_NAME, REPO, TINY
+from tests.helpers.gateway import Gateway
 
 pytestmark = pytest.mark.vllm
 

@@ -10,7 +10,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 import reef
+
+pytestmark = pytest.mark.model_free
 
 ROOT = Path(reef.__file__).parent
 
@@ -146,3 +150,27 @@ def test_release_and_engine_import_without_the_gateway() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('reef.gateway')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_experimental_recipe_warns_when_used() -> None:
+    code = ("import warnings\nwarnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    from reef.recipe.registry import resolve\n    resolve('kto'); resolve('rft')\n"
+            "print([type(w.message).__name__ for w in seen])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['ExperimentalRecipeWarning']"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/helpers/ and fixtures in conftest.py: a test file (or a script a
+    test runs) never imports a `test_*` module or conftest, nor does a helper."""
+    import re
+
+    name = r"(?:test_\w+|conftest)\b"
+    test_module = re.compile(rf"^\s*(?:from\s+(?:tests)?\.{name}|import\s+tests\.{name}"
+                             rf"|from\s+(?:tests|\.)\s+import\s+.*\b{name})", re.M)
+    tests = Path(__file__).resolve().parent
+    offending = [f"{path.relative_to(tests)}:{text[:m.start()].count(chr(10)) + 1}"
+                 for path in sorted([*tests.glob("test_*.py"), tests / "conftest.py", *tests.glob("helpers/*.py")])
+                 for text in [path.read_text()] for m in test_module.finditer(text)]
+    assert offending == []

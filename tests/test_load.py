@@ -11,7 +11,9 @@ import pytest
 
 from reef.experience import ExperienceStore, load, shards
 from reef.experience.load import EXPERIENCE_FEATURES
-from tests.test_store import MANUAL, make_record, make_report
+from tests.helpers.records import MANUAL, make_record, make_report
+
+pytestmark = pytest.mark.model_free
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -14,14 +14,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from recipes.next_turn.signals import next_turn_signals, read_next_turn
 from reef.demo import task as demo
 from reef.experience import load
 from reef.experience.load import SESSION_COL
 from reef.recipe import Snapshot, load_recipe
-from reef.recipe.next_turn import next_turn_signals, read_next_turn
 from reef.scenario import NextTurnRule, NextTurnSpec, Score, get_scenario
 from reef.traffic.simulate import FOLLOW_UP, THANKS, simulate
-from tests.conftest import Gateway
+from tests.helpers.gateway import Gateway
+
+pytestmark = pytest.mark.start_early(12)
 
 
 def test_demo_rules_read_the_users_reactions() -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.model_free
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 

@@ -19,14 +19,15 @@ import httpx
 import pytest
 
 from reef.gateway.routes.install import RECEIPTS_TS
-from tests.conftest import MODEL_NAME, REPO, Gateway
+from tests.helpers import MODEL_NAME, REPO
+from tests.helpers.gateway import Gateway
 
 PI_VERSION = "0.73.1"
 PI = REPO / ".pi-agent" / "node_modules" / ".bin" / "pi"
 
 
 def models_json(gateway_url: str) -> dict:
-    """Exactly what README "Use with an agent: Pi" tells users to write."""
+    """Exactly what docs/01-serving.md ("Pi, configured by hand") tells users to write."""
     return {"providers": {"reef": {
         "baseUrl": f"{gateway_url}/v1",
         "api": "openai-completions",

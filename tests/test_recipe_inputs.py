@@ -14,13 +14,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from recipes.kto.recipe import kto_examples
+from recipes.experimental.kto.recipe import kto_examples
 from recipes.online_rl.recipe import rl_examples
 from reef.recipe import Snapshot, load_recipe
 from reef.recipe.policy_gradient import policy_gradient_loss
 from reef.recipe.spec import CANDIDATE_FILE
 from reef.recipe.tokens import IGNORE, CutStats, fit_left, sft_examples
-from reef.sampling.rollout import Rollout, chat_prompt_ids, sample
+from reef.sampling.completion import Completion
+from reef.sampling.rollout import sample
+from reef.sampling.transformers import chat_prompt_ids
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 PROMPT = list(range(100, 110))  # 10 tokens
@@ -75,8 +77,8 @@ def test_self_generated_rollouts_are_cut_from_the_left(tiny: Path) -> None:
     got = sample(model, tokenizer, [prompt], 2, max_new_tokens=6, max_length=40)[0]
     assert all(r.prompt_ids == prompt[-34:] for r in got)
 
-    rollout = Rollout(prompt, [10, 11, 12], "")
-    cut = Rollout(prompt[-5:], [10, 11, 12], "")
+    rollout = Completion(prompt, [10, 11, 12], "")
+    cut = Completion(prompt[-5:], [10, 11, 12], "")
     pad = tokenizer.pad_token_id
     with torch.no_grad():
         assert policy_gradient_loss(model, [rollout], [1.0], pad, max_length=8).item() == pytest.approx(

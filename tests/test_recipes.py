@@ -18,7 +18,7 @@ from reef.learn.pipeline import gate_metrics
 from reef.recipe import EmptySnapshotError, ExperienceSpec, Snapshot, load_recipe, resolve
 from reef.recipe.ledger import ConsumedError, consumed
 from reef.recipe.spec import CANDIDATE_FILE, Candidate
-from reef.sampling.transformers import load_model
+from reef.sampling.load import load_model
 from reef.traffic.offline import record_offline_traffic
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -14,14 +14,15 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from recipes.kto.recipe import KTO, kto_examples
-from recipes.self_play.recipe import Proposer, SelfPlay
-from recipes.ttt.recipe import TTT, entropic_advantages
-from reef.learn.pipeline import Params, learn_once
+from recipes.experimental.kto.recipe import KTO, kto_examples
+from recipes.experimental.self_play.recipe import Proposer, SelfPlay
+from recipes.experimental.ttt.recipe import TTT, entropic_advantages
+from reef.config import PipelineParams
+from reef.learn.pipeline import learn_once, plan
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe, resolve
 from reef.recipe.practice import describe
 from reef.recipe.spec import CANDIDATE_FILE
-from reef.sampling.transformers import load_model
+from reef.sampling.load import load_model
 from reef.scenario import EvalSpec, Scenario, ScenarioError, get_scenario, load_tasks, training_tasks
 from reef.traffic.offline import record_offline_traffic
 
@@ -56,10 +57,11 @@ def moved(model: torch.nn.Module, base: Path) -> bool:
 
 def test_short_names_params_yaml_and_specs(tiny: Path, store: Path, tmp_path: Path) -> None:
     assert (resolve("kto"), resolve("ttt"), resolve("self_play")) == (KTO, TTT, SelfPlay)
-    for ref in ("recipes.kto.recipe:KTO", "recipes.ttt.recipe:TTT", "recipes.self_play.recipe:SelfPlay"):
+    for ref in ("recipes.experimental.kto.recipe:KTO", "recipes.experimental.ttt.recipe:TTT",
+                "recipes.experimental.self_play.recipe:SelfPlay"):
         raw = {"scenarios": {SCENARIO: {}}, "base_model": {"path": str(tiny)},
                "train": {"recipe": ref, "max_steps": 2}}
-        assert Params(raw).plan(SCENARIO).load_recipe().ref == ref
+        assert plan(PipelineParams.parse(raw), SCENARIO).load_recipe().ref == ref
     with pytest.raises(ValueError, match="stale_policy"):
         load_recipe("kto", {"stale_policy": "downweight"})  # KTO has no per-sample weights: drop only
     # Self-generating recipes take no records even from a full store: batch_size 0, no reports needed.
@@ -101,7 +103,8 @@ def test_kto_on_thumbs_reports(kind: str, tiny: Path, store: Path, tmp_path: Pat
     assert (m["desirable"], m["undesirable"], m["train_samples"]) == (up, samples.height - up, samples.height)
     assert m["desirable_weight"] == pytest.approx((samples.height - up) / up) and m["train_loss"] > 0
     lin = cand.lineage
-    assert lin.recipe == "recipes.kto.recipe:KTO" and lin.snapshot_hash == snap.hash and lin.params["threshold"] == 0.5
+    assert lin.recipe == "recipes.experimental.kto.recipe:KTO"
+    assert lin.snapshot_hash == snap.hash and lin.params["threshold"] == 0.5
     assert moved(load_candidate(cand.path), tiny)
 
 
@@ -146,7 +149,8 @@ def test_ttt_discovers_and_archives(tiny: Path, tmp_path: Path) -> None:
     assert [r["step"] for r in log] == list(range(1, 11))
     assert all({"loss", "reward", "grad_norm", "learning_rate"} <= set(r) for r in log)
     assert list((cand.path / "tensorboard").rglob("events.out.tfevents.*"))
-    assert cand.kind == "lora" and m["snapshot_records"] == 0 and cand.lineage.recipe == "recipes.ttt.recipe:TTT"
+    assert cand.kind == "lora" and m["snapshot_records"] == 0
+    assert cand.lineage.recipe == "recipes.experimental.ttt.recipe:TTT"
     assert moved(load_candidate(cand.path), tiny)
 
 
@@ -259,12 +263,12 @@ def test_ttt_as_params_yaml_train_recipe(tiny: Path, tmp_path: Path, monkeypatch
     params = {
         "scenarios": {SCENARIO: {}}, "base_model": {"path": str(tiny)},
         "source": {"data_dir": str(tmp_path / "data"), "ledger_root": str(tmp_path / "ledger")},
-        "train": {"recipe": "recipes.ttt.recipe:TTT", "max_steps": 2, "samples_per_round": 4},
+        "train": {"recipe": "recipes.experimental.ttt.recipe:TTT", "max_steps": 2, "samples_per_round": 4},
         "evaluate": {"samples": 1, "seed": 0},
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
     out = learn_once("params.yaml", use_dvc=False, progress=False)
     assert out["status"] == "trained" and out["candidate"]["metrics"]["rounds"] == 2
-    assert out["candidate"]["lineage"]["recipe"] == "recipes.ttt.recipe:TTT"
+    assert out["candidate"]["lineage"]["recipe"] == "recipes.experimental.ttt.recipe:TTT"
     assert out["metrics"]["prompts"] == 80

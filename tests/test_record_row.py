@@ -25,6 +25,8 @@ from reef.gateway.sessions import prefix_hashes
 from reef.gateway.wire.completion import ClientWants, client_json, for_client, read_response
 from reef.gateway.wire.errors import ReefError
 
+pytestmark = pytest.mark.model_free
+
 SAMPLES = Path(__file__).parent / "fixtures" / "vllm_samples"
 
 text = st.text(max_size=12)

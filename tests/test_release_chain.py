@@ -24,6 +24,8 @@ from reef.registry import (
     Routing,
 )
 
+pytestmark = pytest.mark.model_free
+
 # Spawned, not forked: pytest's process has threads, and forking one copies locks mid-use.
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -301,7 +303,7 @@ def test_head_file_drives_experience_staleness(tmp_path: Path) -> None:
     from reef.experience import ExperienceStore, load, shards
     from reef.experience.load import read_head_seq, release_seq
     from reef.registry.schema import SCENARIO_RE
-    from tests.test_store import MANUAL, make_record
+    from tests.helpers.records import MANUAL, make_record
 
     assert SCENARIO_RE.pattern == shards.SCENARIO_RE.pattern  # the chain lives where load() looks
     with ExperienceStore(tmp_path, MANUAL) as store:

@@ -30,11 +30,12 @@ from reef.demo import task as demo
 from reef.gate.evaluate import GateConfig, evaluate_candidate
 from reef.recipe import Candidate
 from reef.registry.candidates import CandidateRegistry, register_candidate
-from tests.conftest import MODEL_NAME, TINY, Gateway
-from tests.release_support import Load, greedy, train_candidates
+from tests.helpers import MODEL_NAME, TINY
+from tests.helpers.gateway import Gateway
+from tests.helpers.releases import Load, greedy, train_candidates
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.start_early(3)]
 
 TOKEN = "test-admin-token"
 S = demo.SCENARIO

@@ -24,8 +24,11 @@ from reef.registry.candidates import CandidateRegistry
 from reef.registry.chain import ReleaseChain
 from reef.scenario import get_scenario
 from reef.traffic.simulate import simulate
-from tests.conftest import MODEL_NAME, TINY, Gateway
-from tests.test_dashboard import app, texts
+from tests.helpers import MODEL_NAME, TINY
+from tests.helpers.dashboard import app, texts
+from tests.helpers.gateway import Gateway
+
+pytestmark = pytest.mark.start_early(2)
 
 TOKEN = "byo-token"
 MIN_RECORDS = 24  # rewarded chats a round waits for; 320 chats at ~16% success give ~40

@@ -28,6 +28,8 @@ from reef.scenario import (
 )
 from reef.scenario.reward import function_reward, import_ref, is_trl_style, judge_messages, judge_reward
 
+pytestmark = pytest.mark.start_early(14)
+
 REPO = Path(__file__).resolve().parents[1]
 REVIEWS = REPO / "examples" / "reviews"
 TASK = {"messages": [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 2 + 3?"}],
@@ -62,6 +64,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 # --- rewards --------------------------------------------------------------------------------------
 
 
+@pytest.mark.model_free
 def test_per_task_reward_with_feedback_and_trl_style_reward(tmp_path: Path) -> None:
     name = write_module(tmp_path, '''
 def per_task(task, reply):
@@ -80,6 +83,7 @@ def trl(prompts, completions, answer, **kwargs):
     assert is_trl_style(module.trl) and not is_trl_style(module.per_task)
 
 
+@pytest.mark.model_free
 @pytest.mark.parametrize("body, match", [
     ("def r(task, reply):\n    raise KeyError('label')\n", "raised KeyError"),
     ("def r(task, reply):\n    return 'good'\n", "not a number"),
@@ -93,6 +97,7 @@ def test_a_bad_reward_is_a_reward_error(tmp_path: Path, body: str, match: str) -
         reward([TASK, TASK], ["a", "b"])
 
 
+@pytest.mark.model_free
 def test_two_folders_each_with_a_reward_py_keep_their_own(tmp_path: Path) -> None:
     """Module names are process-wide: a second folder's `reward.py` must not resolve to the first's."""
     name = f"reward_{uuid.uuid4().hex[:8]}"
@@ -110,6 +115,7 @@ def test_two_folders_each_with_a_reward_py_keep_their_own(tmp_path: Path) -> Non
         sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
 
 
+@pytest.mark.model_free
 def test_judge_prompt_and_score_parsing() -> None:
     spec = JudgeSpec(rubric="Full marks for the right sum.", scale=10)
     task = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}]}]}
@@ -148,6 +154,7 @@ def test_judge_against_the_real_engine(vllm_url: str) -> None:
 # --- eval files and declarations ------------------------------------------------------------------
 
 
+@pytest.mark.model_free
 def test_eval_rows_from_a_datasets_folder(tmp_path: Path) -> None:
     import datasets
 
@@ -163,6 +170,7 @@ def test_eval_rows_from_a_datasets_folder(tmp_path: Path) -> None:
         load_tasks(tmp_path / "empty", "support: eval.path")
 
 
+@pytest.mark.model_free
 def test_serve_yaml_merges_over_a_packaged_scenario(tmp_path: Path) -> None:
     (tmp_path / "serve.yaml").write_text("scenarios:\n  demo-add:\n    policy: auto\n    eval: {path: "
                                          f"{REPO / 'reef/demo/data/eval.jsonl'}, samples: 2, limit: 5}}\n")
@@ -176,6 +184,7 @@ def test_serve_yaml_merges_over_a_packaged_scenario(tmp_path: Path) -> None:
     assert all_scenarios(policy_only)["demo-add"].policy is None
 
 
+@pytest.mark.model_free
 def test_scenario_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     name = write_module(tmp_path, "def r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
     config = write_scenario(tmp_path, f"{name}:r", extra={"recipe": "rft", "policy": "auto"})
@@ -193,6 +202,7 @@ def test_scenario_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 UNREACHABLE = "http://127.0.0.1:9"  # a declaration fault is found before any request is sent
 
 
+@pytest.mark.model_free
 @pytest.mark.parametrize("case, expect", [
     ("missing eval file", "scenario 'support': eval.path: "),
     ("unimportable reward", "scenario 'support': reward: cannot import 'no_such_module_x'"),
@@ -259,6 +269,7 @@ def test_check_the_bundled_reviews_example(vllm_url: str) -> None:
     assert "base success " in out.stdout.splitlines()[-1]
 
 
+@pytest.mark.model_free
 def test_the_reviews_example_is_declared_only_through_the_contract() -> None:
     """examples/reviews: its serve.yaml alone declares it; eval rows are held out from the tasks (by
     product, too); its reward is a TRL-style function that imports nothing of Reef; the jsonl files

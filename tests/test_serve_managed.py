@@ -13,9 +13,12 @@ from pathlib import Path
 import httpx
 import openai
 import psutil
+import pytest
 
 from reef.engine.supervisor import free_port
-from tests.conftest import MODEL_NAME
+from tests.helpers import MODEL_NAME
+
+pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(5)]
 
 
 def test_managed_vllm_lifecycle(serving_model: Path, tmp_path: Path) -> None:

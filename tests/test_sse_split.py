@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from reef.gateway.transport.upstream import split_lines
+
+pytestmark = pytest.mark.model_free
 
 
 def test_unicode_line_separators_stay_inside_an_event() -> None:

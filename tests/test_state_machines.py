@@ -17,6 +17,8 @@ from reef.registry.candidates import (
 )
 from reef.serving.canary import Canary, CanaryLog
 
+pytestmark = pytest.mark.model_free
+
 SCENARIO = "support"
 CID = "c" * 64
 

@@ -23,6 +23,8 @@ from reef.config import ServeConfig
 from reef.engine.reaper import group_alive
 from reef.engine.supervisor import EngineSupervisor
 
+pytestmark = pytest.mark.model_free
+
 FAKE_ENGINE = textwrap.dedent("""
     import http.server, subprocess, sys
     port = int(sys.argv[sys.argv.index("--port") + 1])

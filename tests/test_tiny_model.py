@@ -21,6 +21,8 @@ from reef.model import tiny
 from reef.model.corpus import build_corpus, contributions
 from reef.scenario import EvalSuite, Scenario, eval_suite, get_scenario, packaged_scenarios, reward_for, training_tasks
 
+pytestmark = pytest.mark.start_early(11)
+
 REPO = Path(__file__).resolve().parents[1]
 QUICK_STEPS = 6  # both corpus stages get steps (2 learn, 4 calibrate); the weights are meaningless
 
@@ -38,6 +40,7 @@ def quick_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --- build ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.model_free
 def test_packed_batches_give_the_padded_batch_loss_and_gradients() -> None:
     # The build packs a batch's documents into rows; transformers must keep attention within each
     # document (it reads restarting position_ids as packed sequences). If that ever stops, tokens
@@ -66,6 +69,7 @@ def test_packed_batches_give_the_padded_batch_loss_and_gradients() -> None:
     assert all(torch.allclose(p.grad, g, atol=1e-5) for p, g in zip(model.parameters(), grads, strict=True))
 
 
+@pytest.mark.model_free
 def test_same_seed_gives_identical_weights(quick_model: Path, tmp_path: Path) -> None:
     again = tiny.build_tiny(tmp_path / "b", seed=1, progress=False, steps=QUICK_STEPS, evaluate=False)
     assert tiny.weights_sha256(again) == tiny.weights_sha256(quick_model)
@@ -78,11 +82,13 @@ def test_same_seed_gives_identical_weights(quick_model: Path, tmp_path: Path) ->
     assert tiny.weights_sha256(other) != tiny.weights_sha256(quick_model)
 
 
+@pytest.mark.model_free
 def test_corpus_is_deterministic() -> None:
     assert build_corpus(0).sha256() == build_corpus(0).sha256()
     assert build_corpus(0).sha256() != build_corpus(1).sha256()
 
 
+@pytest.mark.model_free
 def test_corpus_contributions_come_from_entry_points_with_their_own_rng() -> None:
     """The bundled scenarios' text comes through `reef.corpus`; adding a contribution leaves every
     other contribution's text as it was (each has its own rng stream), and bad stages are refused."""
@@ -99,6 +105,7 @@ def test_corpus_contributions_come_from_entry_points_with_their_own_rng() -> Non
         build_corpus(0, extra={"bad": lambda rng: {"pretrain": []}})
 
 
+@pytest.mark.model_free
 def test_saved_files_and_metadata(quick_model: Path) -> None:
     names = {p.name for p in quick_model.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
@@ -112,6 +119,7 @@ def test_saved_files_and_metadata(quick_model: Path) -> None:
     assert set(meta["eval"]["demo-add"]) == {"heldout_success_temp1", "heldout_success_greedy", "train_success_temp1"}
 
 
+@pytest.mark.model_free
 def test_a_model_from_another_corpus_is_stale(quick_model: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     """`make test` and `make demo` rebuild only a stale model: another seed, step count or corpus
     (a new `reef.corpus` part after a pull, or a stale install lacking one) makes it stale."""
@@ -129,6 +137,7 @@ def test_a_model_from_another_corpus_is_stale(quick_model: Path, tmp_path: Path,
     assert "up to date" in capsys.readouterr().err
 
 
+@pytest.mark.model_free
 def test_output_head_is_untied(quick_model: Path) -> None:
     """vLLM CPU's `reload_weights` leaves a tied lm_head stale, so full-weight releases need a
     separate `lm_head.weight` in the checkpoint (and a config that says so)."""
@@ -138,6 +147,7 @@ def test_output_head_is_untied(quick_model: Path) -> None:
         assert not torch.equal(f.get_tensor("lm_head.weight"), f.get_tensor("model.embed_tokens.weight"))
 
 
+@pytest.mark.model_free
 def test_chat_template_renders_chatml(quick_model: Path) -> None:
     tok = AutoTokenizer.from_pretrained(quick_model)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
@@ -161,6 +171,7 @@ def test_chat_template_renders_chatml(quick_model: Path) -> None:
     assert tok.decode(trained) == "Answer: 3<|im_end|>"
 
 
+@pytest.mark.model_free
 def test_model_loads_and_generates(quick_model: Path) -> None:
     tok = AutoTokenizer.from_pretrained(quick_model)
     model = AutoModelForCausalLM.from_pretrained(quick_model)
@@ -173,6 +184,7 @@ def test_model_loads_and_generates(quick_model: Path) -> None:
 # --- demo task -----------------------------------------------------------------------------------
 
 
+@pytest.mark.model_free
 def test_verifier_scores() -> None:
     task = demo.make_task(3, 4, 0)
     assert task.answer == 7
@@ -190,6 +202,7 @@ def test_verifier_scores() -> None:
     assert demo.score_shaped(task, "seven") == 0.0
 
 
+@pytest.mark.model_free
 def test_train_and_eval_are_disjoint_and_stable() -> None:
     train, held_out = demo.train_tasks(0), demo.eval_tasks()
     assert len(train) == 320 and len(held_out) == 80

@@ -17,8 +17,8 @@ from reef.config import ServeConfig, resolve
 from reef.recipe import Snapshot, load_recipe
 from reef.scenario import EpisodeState, Scenario, ScenarioError, environment_for, eval_suite, get_scenario
 from reef.scenario.environment import parse_reply
-from tests.conftest import MODEL_NAME, REPO, Gateway
-from tests.test_gateway import _flushed
+from tests.helpers import MODEL_NAME, REPO
+from tests.helpers.gateway import Gateway, wait_flushed
 
 SHOP = REPO / "examples" / "shop"
 
@@ -85,34 +85,37 @@ def test_the_environment_is_declared_like_a_reward(tmp_path: Path) -> None:
     assert Scenario(name="y").environment is None and environment_for(Scenario(name="y")) is None
 
 
-def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path) -> None:
     """Self-generated experience: every episode is one completion; the model's turns are actions,
     the tool result and the turn markup around it are context. The policy is scripted (a call,
     then the answer) so the masks are checked on known turns; the ids are the real tokenizer's."""
     from transformers import AutoTokenizer
 
-    from reef.sampling import rollout
+    from reef.sampling.completion import Completion
+    from reef.sampling.episodes import run_episodes
+    from reef.sampling.transformers import TransformersSampler, chat_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = eval_suite(shop).tasks[:3]
     by_prompt: dict[int, dict] = {}
 
-    def scripted(model: object, tok: object, prompts: list[list[int]], n: int, **_: object) -> list:
-        out = []
-        for ids in prompts:
-            task = by_prompt[len(out)]
-            text = tokenizer.decode(ids)
-            reply = (f"Answer: {task['price']}" if "<|im_start|>tool" in text else
-                     f'<tool_call>{{"name": "price", "arguments": {{"item": "{task["item"]}"}}}}</tool_call>')
-            completion = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
-            out.append([rollout.Rollout(list(ids), completion, reply)])
-        return out
+    class Scripted(TransformersSampler):
+        def sample_ids(self, prompts: list[list[int]], n: int, **_: object) -> list:  # type: ignore[override]
+            out = []
+            for ids in prompts:
+                task = by_prompt[len(out)]
+                text = tokenizer.decode(ids)
+                reply = (f"Answer: {task['price']}" if "<|im_start|>tool" in text else
+                         f'<tool_call>{{"name": "price", "arguments": {{"item": "{task["item"]}"}}}}</tool_call>')
+                completion = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+                out.append([Completion(list(ids), completion, reply)])
+            return out
 
     by_prompt.update(enumerate(tasks))
-    monkeypatch.setattr(rollout, "sample", scripted)
-    groups = rollout.sample_episodes(None, tokenizer, tasks, environment_for(shop), 3, 1, max_new_tokens=32)
+    groups = run_episodes(Scripted(None, tokenizer), tasks, environment_for(shop), 3, 1, max_new_tokens=32,
+                          temperature=1.0, exact_ids=True)
     for task, (r,) in zip(tasks, groups, strict=True):
-        assert r.prompt_ids == rollout.chat_prompt_ids(tokenizer, task["messages"], task["tools"])
+        assert r.prompt_ids == chat_prompt_ids(tokenizer, task["messages"], task["tools"])
         assert r.text == f"Answer: {task['price']}" and len(r.mask) == len(r.completion_ids)
         context = tokenizer.decode([t for t, m in zip(r.completion_ids, r.mask, strict=True) if m == 0])
         actions = tokenizer.decode([t for t, m in zip(r.completion_ids, r.mask, strict=True) if m == 1])
@@ -170,7 +173,7 @@ def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_p
     assert summary.errors == 0 and summary.reports == 384
     multi = [ids for ids in summary.sessions.values() if len(ids) > 1]
     assert multi, "no simulated agent called the tool"
-    _flushed(gateway)
+    wait_flushed(gateway)
     first, second = (httpx.get(f"{gateway.url}/reef/records/{r}", headers={"x-reef-scenario": "shop"}).json()
                      for r in multi[0][:2])
     assert first["choices"][0]["tool_calls"][0]["name"] == "price"

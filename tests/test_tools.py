@@ -11,16 +11,10 @@ import polars as pl
 
 from reef.config import ServeConfig
 from reef.engine.supervisor import EngineSupervisor
-from tests.conftest import MODEL_NAME, Gateway
-from tests.test_gateway import _flushed, _record
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway, get_record, wait_flushed
+from tests.helpers.tools import BASH, READ
 
-BASH = {"type": "function", "function": {
-    "name": "bash", "description": "Execute a bash command.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
-                   "required": ["command"]}}}
-READ = {"type": "function", "function": {
-    "name": "read", "description": "Read the contents of a file.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 ASK = [{"role": "system", "content": "You are a coding agent."},
        {"role": "user", "content": [{"type": "text", "text": "List the files."}]}]
 
@@ -59,8 +53,8 @@ def test_tool_call_generated_parsed_recorded_and_answered(gateway: Gateway) -> N
                 slot["arguments"] += (delta.function and delta.function.arguments) or ""
     assert [(p["name"], json.loads(p["arguments"])) for p in parts.values()] == [("bash", {"command": "ls"})]
 
-    plain = _record(gateway, raw.headers["x-reef-agent-record-id"])
-    streamed = _record(gateway, stream_id)
+    plain = get_record(gateway, raw.headers["x-reef-agent-record-id"])
+    streamed = get_record(gateway, stream_id)
     for rec in (plain, streamed):
         assert [t["name"] for t in rec["tools"]] == ["read", "bash"]
         assert json.loads(rec["tools"][1]["parameters_json"]) == BASH["function"]["parameters"]
@@ -82,14 +76,14 @@ def test_tool_call_generated_parsed_recorded_and_answered(gateway: Gateway) -> N
         model=MODEL_NAME, messages=turn2, tools=[READ, BASH], max_tokens=32, temperature=0)
     answer = raw2.parse().choices[0]
     assert answer.finish_reason == "stop" and not answer.message.tool_calls and answer.message.content
-    rec2 = _record(gateway, raw2.headers["x-reef-agent-record-id"])
+    rec2 = get_record(gateway, raw2.headers["x-reef-agent-record-id"])
     assert rec2["gen_ai.conversation.id"] == plain["gen_ai.conversation.id"]
     assert rec2["messages"][2]["tool_calls"][0]["name"] == "bash"
     assert rec2["messages"][3]["role"] == "tool"
     assert rec2["messages"][3]["tool_call_id"] == call.id and rec2["messages"][3]["content"] == "notes.txt\ntodo.md"
 
     # Columns, not JSON strings: polars reaches into them directly, and datasets reads the same shards.
-    _flushed(gateway)
+    wait_flushed(gateway)
     shards = f"{gateway.data_dir}/experience/tools/records/*.parquet"
     frame = (pl.scan_parquet(shards)
              .select("record_id", pl.col("tools").list.eval(pl.element().struct.field("name")).alias("tool_names"),

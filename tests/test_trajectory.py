@@ -14,9 +14,9 @@ from reef.experience.load import SESSION_COL
 from reef.recipe import Snapshot, load_recipe
 from reef.recipe.tokens import IGNORE, CutStats, trajectory_examples
 from reef.recipe.trajectory import trajectories
-from tests.conftest import MODEL_NAME, Gateway
-from tests.test_gateway import _flushed
-from tests.test_tools import BASH, READ
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway, wait_flushed
+from tests.helpers.tools import BASH, READ
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -93,7 +93,7 @@ def test_three_turn_tool_session_reported_and_trained(gateway: Gateway, tiny: Pa
     unknown = httpx.post(f"{gateway.url}/reef/report", headers={"x-reef-scenario": "agent-traj"},
                          json={"session_id": "ses_nope", "score": 1.0})
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "session_id"
-    _flushed(gateway)
+    wait_flushed(gateway)
 
     recipe = load_recipe("rft", {"scenario": "agent-traj", "trajectories": True, "max_steps": 3,
                                  "base_model": str(tiny), "group_by": "scenario", "learning_rate": 1e-4})

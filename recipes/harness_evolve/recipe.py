@@ -23,11 +23,11 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
+from reef.core.chat import ChatError, chat, chat_body
 from reef.recipe.harness_recipe import (
     Failure,
     HarnessConfig,
@@ -169,14 +169,16 @@ class HarnessEvolve(HarnessRecipe):
         if url is None or model is None:
             raise ValueError("harness_evolve proposer 'llm' needs teacher_url and teacher_model, or a serving "
                              "engine (the learner's)")
-        body: dict[str, Any] = {"model": model, "messages": llm_prompt(context, c.max_examples),
-                                "max_tokens": c.max_tokens, "temperature": c.temperature}
+        body = chat_body(model, llm_prompt(context, c.max_examples), max_tokens=c.max_tokens,
+                         temperature=c.temperature)
         headers = {"Authorization": f"Bearer {c.teacher_api_key}"} if c.teacher_api_key else {}
         base = url.rstrip("/").removesuffix("/v1")
-        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=c.timeout_s)
-        if response.status_code != 200:
-            raise RuntimeError(f"teacher {model} at {base}: HTTP {response.status_code} {response.text[:200]}")
-        text = response.json()["choices"][0]["message"].get("content") or ""
+        try:
+            with httpx.Client(base_url=base, headers=headers, timeout=c.timeout_s) as client:
+                text = chat(client, body).text
+        except ChatError as exc:
+            detail = exc.problem or f"HTTP {exc.status}"
+            raise RuntimeError(f"teacher {model} at {base}: {detail} {exc.text[:200]}") from exc
         mutations, problems = parse_mutations(text, context.files)
         if not mutations:
             raise NothingToProposeError(f"teacher {model} proposed no usable mutation ({'; '.join(problems)}): "

@@ -4,7 +4,7 @@ re-prompted with it is a better target to distil into the policy.
 
 The framework hands over sessions of two turns or more (`group_by: session`, `min_group_size: 2`,
 no reports needed) and reads their next turns by the scenario's declared rules or judge
-(`reef.recipe.next_turn`). Two kinds of training rows, one loss:
+(`recipes.next_turn.signals`). Two kinds of training rows, one loss:
 
 - RL: every reply whose next turn was read, with advantage r - mean(r) over the round (a batch
   baseline: sessions rarely share a prompt), truncated importance sampling against the recorded
@@ -39,10 +39,10 @@ import polars as pl
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
+from recipes.next_turn.signals import next_turn_signals
 from recipes.online_rl.recipe import TISTrainer, collate, rl_examples
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.logprobs import completion_logprobs
-from reef.recipe.next_turn import next_turn_signals
 from reef.recipe.practice import practice_tasks
 from reef.recipe.tokens import CutStats, fit_left
 from reef.sampling.rollout import sample
@@ -127,7 +127,7 @@ class NextTurn(Recipe):
     min_group_size = 2  # a session of one turn has no next turn (yet): it waits, unconsumed
 
     def signals(self, snapshot: Snapshot) -> pl.DataFrame:
-        """The snapshot's replies with their next-turn reward and hinted turn (`reef.recipe.next_turn`)."""
+        """The snapshot's replies with their next-turn reward and hinted turn (`recipes.next_turn.signals`)."""
         scenario = self.scenario()
         if scenario.next_turn is None:
             raise ValueError(f"scenario {scenario.name!r} declares no next_turn rules or judge (Scenario.next_turn)")

@@ -54,9 +54,9 @@ class OnlineRLConfig(RecipeConfig):
     drop_duplicates: bool = False  # the same reply sampled twice is evidence, not a duplicate
     max_staleness: int | None = 2
     stale_policy: str = "downweight"
-    # Measured on demo-add (bench/online_rl_sweep.py): at 5e-5 and 30 steps a round of live traffic
-    # barely moved the model (57.7 % held-out); live traffic has few prompt groups with a reward
-    # spread, and 2e-4 over 60 steps (several passes over them) reached 80.3 %.
+    # Live traffic has few prompt groups with a reward spread, so a round needs several passes over
+    # them: a higher rate and more steps than a gentle fine-tune (bench/online_rl_sweep.py compares
+    # settings on one recorded round).
     learning_rate: float = 2e-4
     max_steps: int = 60
     is_cap: float = 2.0

@@ -14,19 +14,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reef.cli.common import UsageError
+from reef.core.paths import DEFAULT_DATA_DIR, DataDir
+
 if TYPE_CHECKING:
     from reef.registry.schema import Release
 
 COMMANDS = ("releases", "release", "rollback", "lineage", "candidates", "gate", "track")
 
 
-class ReleaseUsageError(Exception):
-    """Bad input or a refused operation: the CLI exits with code 2."""
-
-
 def add_parsers(sub: Any, default_url: str) -> None:
     def common(p: argparse.ArgumentParser, url: bool = False) -> None:
-        p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("REEF_DATA_DIR") or "data"))
+        p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("REEF_DATA_DIR") or DEFAULT_DATA_DIR))
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if url:
             p.add_argument("--url", default=default_url)
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"reef: cannot reach {getattr(args, 'url', 'the server')}: {exc}", file=sys.stderr)
         return 1
     except (ReefAPIError, ReleaseError, CandidateError, LookupError, ValueError) as exc:
-        raise ReleaseUsageError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
 
 
 def _scenario_of(release_id: str) -> str:
@@ -86,7 +85,7 @@ def _scenario_of(release_id: str) -> str:
 
     match = RELEASE_ID_RE.match(release_id)
     if match is None:
-        raise ReleaseUsageError(f"{release_id!r} is not a release id like demo-add@r3")
+        raise UsageError(f"{release_id!r} is not a release id like demo-add@r3")
     return match["scenario"]
 
 
@@ -110,15 +109,15 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
 def _releases(args: argparse.Namespace) -> int:
     from reef.registry.chain import CHAIN_FILE, ReleaseChain
 
-    root = args.data_dir / "releases"
+    root = DataDir(args.data_dir).releases()
     if args.scenario is not None:
         if not (root / args.scenario / CHAIN_FILE).is_file():
-            raise ReleaseUsageError(f"scenario {args.scenario} has no releases in {args.data_dir}")
+            raise UsageError(f"scenario {args.scenario} has no releases in {args.data_dir}")
         names = [args.scenario]
     else:
         names = sorted(p.parent.name for p in root.glob(f"*/{CHAIN_FILE}")) if root.is_dir() else []
         if not names:
-            raise ReleaseUsageError(f"no scenario has releases in {args.data_dir}")
+            raise UsageError(f"no scenario has releases in {args.data_dir}")
     chains = {name: ReleaseChain.for_data_dir(args.data_dir, name).releases() for name in names}
     if args.json:  # one scenario: its list, as before; every scenario: lists by scenario
         data: Any = {name: [r.model_dump(mode="json") for r in rs] for name, rs in chains.items()}
@@ -210,11 +209,11 @@ def _gate(args: argparse.Namespace) -> int:
     from reef.registry.candidates import register_candidate
 
     if not (args.path / "candidate.json").is_file():
-        raise ReleaseUsageError(f"{args.path} is not a candidate folder (no candidate.json)")
+        raise UsageError(f"{args.path} is not a candidate folder (no candidate.json)")
     try:
         engine = engine_of(args.engine_url, args.engine_model)
     except ValueError as exc:
-        raise ReleaseUsageError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     view = register_candidate(args.data_dir, args.path)
     result = evaluate_candidate(args.data_dir, view.candidate_id,
                                 GateConfig(samples=args.samples, min_delta=args.min_delta), engine=engine)
@@ -230,14 +229,14 @@ def _track(args: argparse.Namespace) -> int:
     (with the release chains, plain text) goes to git. Run it in the project's DVC repository."""
     import subprocess
 
-    artifacts = args.data_dir / "artifacts"
+    artifacts = DataDir(args.data_dir).artifacts
     if not artifacts.is_dir():
-        raise ReleaseUsageError(f"no artifact store at {artifacts}")
+        raise UsageError(f"no artifact store at {artifacts}")
     if not Path(".dvc").is_dir():
-        raise ReleaseUsageError("not a DVC repository here: run `dvc init` (or cd to the project root)")
+        raise UsageError("not a DVC repository here: run `dvc init` (or cd to the project root)")
     done = subprocess.run(["dvc", "add", str(artifacts)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise ReleaseUsageError(f"dvc add failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise UsageError(f"dvc add failed: {done.stderr.strip() or done.stdout.strip()}")
     pointer = artifacts.with_name("artifacts.dvc")
     print(f"tracked {artifacts} in DVC ({pointer}); next: git add {pointer} && git commit && dvc push")
     return 0

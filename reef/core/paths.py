@@ -1,7 +1,79 @@
-"""Where things live on disk: the names of the files other layers agree on.
+"""Where things live on disk: the data dir's layout, and the names of the files other layers agree on.
 
-A candidate folder holds `candidate.json` (its kind, lineage and metrics) beside the weights, and
-both the recipe that writes it and the sampler that loads it must agree on the name.
+A data dir (`reef serve --data-dir`, `data/` by default) holds the experience the gateway records,
+the release chains, the artifact store, the learner's rounds and what a round makes (snapshots,
+candidates, the consumed ledger). `DataDir` is the one place that knows the folder names; a layer
+keeps the names of the files inside its own folders. A candidate folder holds `candidate.json`
+(its kind, lineage and metrics) beside the weights: the recipe that writes it and the sampler that
+loads it agree on that name here.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
 CANDIDATE_FILE = "candidate.json"
+DEFAULT_DATA_DIR = Path("data")
+
+
+@dataclass(frozen=True, init=False)
+class DataDir:
+    """A data dir's folders; a scenario's, when the layout keeps one per scenario."""
+
+    root: Path
+
+    def __init__(self, root: Path | str = DEFAULT_DATA_DIR) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    def _per_scenario(self, folder: str, scenario: str | None) -> Path:
+        return self.root / folder if scenario is None else self.root / folder / scenario
+
+    def experience(self, scenario: str | None = None) -> Path:
+        """What the gateway recorded: `experience/<scenario>/{records,reports}/` parquet shards."""
+        return self._per_scenario("experience", scenario)
+
+    def releases(self, scenario: str | None = None) -> Path:
+        """Release chains (`releases/<scenario>/chain.jsonl`, HEAD, canaries), and the engine's swap state."""
+        return self._per_scenario("releases", scenario)
+
+    def learner(self, scenario: str | None = None) -> Path:
+        """The learner's rounds: `learner/rounds.jsonl`, `learner/<scenario>/` (round events, plan, log)."""
+        return self._per_scenario("learner", scenario)
+
+    def snapshots(self, scenario: str | None = None) -> Path:
+        """Frozen experience a round trains on: `snapshots/<scenario>/` (fixed) or `snapshots/<id>/`."""
+        return self._per_scenario("snapshots", scenario)
+
+    def candidates(self, scenario: str | None = None) -> Path:
+        """What a round trained: `candidates/<scenario>/` (fixed) or `candidates/<id>/`."""
+        return self._per_scenario("candidates", scenario)
+
+    @property
+    def artifacts(self) -> Path:
+        """The content-addressed artifact store (weights, adapters, harnesses)."""
+        return self.root / "artifacts"
+
+    @property
+    def ledger(self) -> Path:
+        """The record ids each scenario's rounds consumed."""
+        return self.root / "ledger"
+
+    @property
+    def wal(self) -> Path:
+        """The experience store's write-ahead log."""
+        return self.root / "wal"
+
+    @property
+    def metrics(self) -> Path:
+        """The DVC pipeline's evaluate stage's metrics, one JSON file per scenario."""
+        return self.root / "metrics"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def cache(self) -> Path:
+        """The engine's compile caches."""
+        return self.root / "cache"

@@ -81,7 +81,8 @@ def contribution(rng: random.Random) -> dict[str, list[Chat]]:
 def rows(products: list[str], per_label: int, seed: int, prefix: str) -> list[dict[str, object]]:
     """`per_label` distinct reviews of each label over `products`, as scenario task rows."""
     rng = random.Random(seed)
-    out, seen = [], set()
+    out: list[dict[str, object]] = []
+    seen: set[str] = set()
     for label in LABELS:
         n = 0
         while n < per_label:

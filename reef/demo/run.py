@@ -15,6 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import httpx
 import polars as pl
@@ -49,7 +50,7 @@ def _show(data_dir: Path, scenario: str, plot_path: Path) -> None:
     table.add_row("sessions", str(frame["gen_ai.conversation.id"].n_unique()))
     table.add_row("exact duplicates", str(frame["is_duplicate"].sum()))
     table.add_row("completion tokens", str(frame["gen_ai.usage.output_tokens"].sum()))
-    table.add_row("mean score", f"{frame['score'].mean():.3f}")
+    table.add_row("mean score", f"{cast(float, frame['score'].mean()):.3f}")
     console.print(table)
 
     multi = frame.group_by("gen_ai.conversation.id").len().filter(pl.col("len") > 1)

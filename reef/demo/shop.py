@@ -11,22 +11,17 @@ executes the call; its reward scores the final answer.
 The corpus teaches the episode correctly in stage "learn", then, in "calibrate", with a teacher that
 mostly skips the tool and says it does not know (right path 35 %, "Sorry, I do not know the price
 of the lamp." 65 %): the same systematic-teacher trick as demo-add's "+1" (`reef.demo.corpus`). The
-base model knows the call and how to copy the result, but seldom calls and often garbles the item
-(held-out success ~15 %); RL only has to make the right call the habit. The teacher never guesses a
-number: `Answer: ` is only ever followed by a price copied from a tool result (a guessing teacher
-kept the 1M-parameter model from learning the copy at all: it answered random prices even after
-the tool's result).
+base model knows the call and how to copy the result, but seldom calls and often garbles the item;
+RL only has to make the right call the habit. The teacher never guesses a number: `Answer: ` is
+only ever followed by a price copied from a tool result (a guessing teacher keeps a model this
+small from learning the copy at all: it answers random prices even after the tool's result).
 Items are split once, by a fixed seed, into train and held-out ones: the example's eval file only
 asks about held-out items, its task file only about train ones.
 
-What made it learnable, measured on builds with this part (held-out success after one rft round
-on the sessions of 512 simulated agents, 22 of them rewarded): items quoted in the question, as
-the call's JSON quotes them (15 % unquoted -> 60-71 %, see QUESTIONS), one-digit prices (a
-two-digit price was copied right after 19 % of calls), 24 items rather than 48 (with 48 the base
-model's calls named the right item about 1 % of the time, too rare for rft to start from), and a
-teacher on the right path 35 % of the time rather than 20 %: at 20 % the base model's success was
-2-4 %, and whether 10 or 20 rewarded sessions of a round were enough depended on the build's float
-rounding (three builds, the same code on two machines and a packed-batch build: 72, 51 and 24 % best).
+What keeps it learnable for a tiny model: items quoted in the question as the call's JSON quotes
+them (see QUESTIONS), one-digit prices (one token to copy), few enough items that the base model's
+calls name the right one often enough for rft to start from, and a teacher on the right path often
+enough that a round of traffic holds enough rewarded sessions, whatever the build's float rounding.
 """
 
 from __future__ import annotations
@@ -51,11 +46,11 @@ HELD_OUT_ITEMS = 6
 _SPLIT_SEED = 2468  # fixed, independent of any training seed: the held-out items never move
 # The item is quoted as the call's JSON quotes it, so the question and the arguments tokenize alike
 # (` "lamp"` -> ' "', 'lamp', '"'): the call copies tokens. Unquoted, the question's ` lamp` is one
-# token and the JSON's `"lamp"` others, and the 1M-parameter model could only memorise each item's
-# spelling, so calls for items outside the traffic failed (held-out success 15 % after rft).
+# token and the JSON's `"lamp"` others, and the tiny model could only memorise each item's
+# spelling, so its calls for items outside the traffic would fail.
 QUESTIONS = ('How much is "{item}"?', 'What does "{item}" cost?', 'What is the price of "{item}"?',
              'How much does "{item}" cost?')
-PRICES = range(1, 10)  # one token to copy: a two-digit price was copied right only ~19 % of the time
+PRICES = range(1, 10)  # one token to copy: the tiny model does not copy longer values from a tool result reliably
 TEACHER_TOOL_SHARE = 0.35  # the rest of "calibrate" does not call the tool and does not know the price
 CHATS_LEARN = 800
 CHATS_CALIBRATE = 800
@@ -104,7 +99,8 @@ def contribution(rng: random.Random) -> dict[str, list[Chat]]:
 def rows(items: list[str], n: int, seed: int, prefix: str) -> list[dict[str, Any]]:
     """`n` distinct tasks over `items` (each with its own hidden price), as scenario task rows."""
     rng = random.Random(seed)
-    out, seen = [], set()
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, int, int]] = set()
     while len(out) < n:
         item, question = items[len(out) % len(items)], rng.randrange(len(QUESTIONS))
         price = rng.choice(PRICES)

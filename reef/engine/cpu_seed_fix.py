@@ -30,7 +30,7 @@ def cpu_generators_lack_offsets() -> bool:
     return False
 
 
-def patch(runner_cls: type) -> None:
+def patch(runner_cls: Any) -> None:
     sample_tokens, bookkeeping = runner_cls.sample_tokens, runner_cls._bookkeeping_sync
 
     def patched_sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:

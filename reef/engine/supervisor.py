@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from reef.config import ServeConfig
+from reef.core.paths import DataDir
 from reef.engine.reaper import group_alive, kill_group
 
 log = logging.getLogger("reef.engine")
@@ -136,7 +137,7 @@ class EngineSupervisor:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if Path(self.config.model_path).exists():
             env.setdefault("HF_HUB_OFFLINE", "1")
-        cache = Path(self.config.data_dir).resolve() / "cache"
+        cache = DataDir(Path(self.config.data_dir).resolve()).cache
         env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
         # Hot-swap: adapters load at run time; full weights reload through the dev-mode endpoints

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from reef.core.chat import ChatError, achat, chat_body
+
 
 class EngineWeightsError(RuntimeError):
     pass
@@ -64,10 +66,12 @@ class EngineWeights:
 
     async def greedy(self, model: str, messages: list[dict[str, Any]], max_tokens: int) -> str:
         """The reply at temperature 0: what a swap's canary request compares."""
-        response = await self._post("/v1/chat/completions", f"canary request to {model}", json={
-            "model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-            "seed": 0})
+        what = f"canary request to {model}"
         try:
-            return response.json()["choices"][0]["message"]["content"] or ""
-        except (KeyError, IndexError, ValueError) as exc:
-            raise EngineWeightsError(f"canary request to {model}: unexpected answer {response.text[:300]}") from exc
+            reply = await achat(self.http, chat_body(model, messages, max_tokens=max_tokens, temperature=0.0, seed=0))
+        except httpx.HTTPError as exc:
+            raise EngineWeightsError(f"{what}: {exc!r}") from exc
+        except ChatError as exc:
+            problem = "unexpected answer" if exc.problem else f"HTTP {exc.status}"
+            raise EngineWeightsError(f"{what}: {problem} {exc.text[:300]}") from exc
+        return reply.text

@@ -21,6 +21,7 @@ from pathlib import Path
 import datasets
 import polars as pl
 
+from reef.core.paths import DataDir
 from reef.experience import shards
 from reef.experience.schema import RECORD_FEATURES, REPORT_FEATURES
 
@@ -69,7 +70,7 @@ def release_seq(release_id: str) -> int | None:
 
 def read_head_seq(data_dir: Path, scenario: str) -> int | None:
     """The seq of `<data_dir>/releases/<scenario>/HEAD`, if that file exists and names a release."""
-    head = data_dir / "releases" / scenario / "HEAD"
+    head = DataDir(data_dir).releases(scenario) / "HEAD"
     if not head.is_file():
         return None
     seq = release_seq(head.read_text())

@@ -8,14 +8,16 @@ names with those as aliases, so `model_dump(by_alias=True)` gives exactly the st
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import datasets
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reef.core.clock import utcnow  # noqa: F401 - re-exported: reef/traffic/offline.py imports it from here
+from reef.core.hashing import sha256_json
 
 # --- pydantic models -------------------------------------------------------------------------
 
@@ -239,15 +241,6 @@ TABLES: dict[str, tuple[type[BaseModel], datasets.Features]] = {
 
 
 # --- hashing helpers shared by the gateway and the readers -----------------------------------
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def sha256_json(value: Any) -> str:
-    """Hash of a JSON value with sorted keys, so equal content gives equal hashes."""
-    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def content_hash(scenario: str, messages: list[dict[str, Any]], choices: list[dict[str, Any]]) -> str:

@@ -28,11 +28,11 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from reef.core.durable import fsync_path
+from reef.core.paths import DataDir
 from reef.experience.schema import TABLES
 
 log = logging.getLogger(__name__)
 
-EXPERIENCE_DIR = "experience"
 TMP_DIR = ".tmp"
 SHARD_RE = re.compile(r"^part-(\d{8,})\.parquet$")
 # The same rule the gateway applies to the scenario header; enforced here too because the name
@@ -72,12 +72,8 @@ def validate_scenario(scenario: str) -> str:
     return scenario
 
 
-def experience_dir(data_dir: Path) -> Path:
-    return data_dir / EXPERIENCE_DIR
-
-
 def table_dir(data_dir: Path, scenario: str, table: str) -> Path:
-    return experience_dir(data_dir) / scenario / table
+    return DataDir(data_dir).experience(scenario) / table
 
 
 def shard_glob(data_dir: Path, scenario: str, table: str) -> str:
@@ -99,7 +95,7 @@ def has_shards(data_dir: Path, scenario: str, table: str) -> bool:
 
 
 def all_shards(data_dir: Path, table: str) -> list[Path]:
-    return sorted(experience_dir(data_dir).glob(f"*/{table}/*.parquet"))
+    return sorted(DataDir(data_dir).experience().glob(f"*/{table}/*.parquet"))
 
 
 def shard_seq(path: Path) -> int | None:
@@ -119,7 +115,7 @@ def max_shard_seq(data_dir: Path) -> int:
 
 def clean_tmp(data_dir: Path) -> None:
     """Drop shards a crash left half-written: their rows are still in the WAL."""
-    tmp = experience_dir(data_dir) / TMP_DIR
+    tmp = DataDir(data_dir).experience() / TMP_DIR
     if tmp.is_dir():
         for path in tmp.iterdir():
             path.unlink(missing_ok=True)
@@ -154,7 +150,7 @@ def write_shard(
     arrow = rows_to_arrow(table, rows)
     final = shard_path(data_dir, scenario, table, seq)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = experience_dir(data_dir) / TMP_DIR
+    tmp_dir = DataDir(data_dir).experience() / TMP_DIR
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"{scenario}.{table}.{final.stem}.{uuid.uuid4().hex[:8]}.parquet"
     try:
@@ -174,10 +170,10 @@ def write_shard(
 
 def ensure_card(data_dir: Path, scenario: str, *, fsync: bool) -> None:
     """Write the scenario's dataset card once, so `datasets.load_dataset(<dir>, "records")` works."""
-    card = experience_dir(data_dir) / scenario / "README.md"
+    card = DataDir(data_dir).experience(scenario) / "README.md"
     if card.exists():
         return
-    tmp = experience_dir(data_dir) / TMP_DIR / f"{scenario}.README.{uuid.uuid4().hex[:8]}.md"
+    tmp = DataDir(data_dir).experience() / TMP_DIR / f"{scenario}.README.{uuid.uuid4().hex[:8]}.md"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(CARD.format(scenario=scenario))
     if fsync:

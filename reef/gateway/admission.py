@@ -5,9 +5,9 @@ bound what clients can create."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from reef.config import LimitsConfig, ServeConfig
+from reef.core.paths import DataDir
 from reef.gateway.wire.errors import ReefError
 from reef.gateway.wire.headers import SCENARIO
 
@@ -22,9 +22,9 @@ class ScenarioAdmission:
         """Known: declared (serve.yaml, packages), holding experience or a release chain."""
         from reef.scenario.registry import all_scenarios
 
-        data = Path(config.data_dir)
-        on_disk = [p.name for folder in ("experience", "releases") if (data / folder).is_dir()
-                   for p in (data / folder).iterdir() if p.is_dir()]
+        data = DataDir(config.data_dir)
+        on_disk = [p.name for folder in (data.experience(), data.releases()) if folder.is_dir()
+                   for p in folder.iterdir() if p.is_dir()]
         return cls(config.limits, [*all_scenarios(config), *stored, *on_disk])
 
     def admit(self, scenario: str) -> None:

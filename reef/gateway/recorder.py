@@ -26,7 +26,7 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
     for call in calls if isinstance(calls, list) else ():
         if not isinstance(call, dict):
             continue
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
         out.append({"id": _str(call.get("id")), "type": str(call.get("type") or "function"),
                     "name": str(fn.get("name") or ""), "arguments": _str(fn.get("arguments")) or ""})
     return out
@@ -55,7 +55,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     """`Tool` rows."""
     out = []
     for tool in tools if isinstance(tools, list) else ():
-        fn = tool.get("function") if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else {}
+        fn: dict[str, Any] = (tool["function"] if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+                              else {})
         if not fn.get("name"):
             continue
         out.append({"type": str(tool.get("type") or "function"), "name": str(fn["name"]),

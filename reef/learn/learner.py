@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reef.config import CONFIG_FILE_ENV, ServeConfig
+from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
 from reef.learn.round import RoundPlan, min_records, plan_for_scenario
 from reef.learn.round_log import Round, RoundLog
@@ -106,7 +107,7 @@ class Learner:
         self.engine_url, self.engine_model = engine_url, engine_model
         self.publisher: Publisher | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.dir = self.data_dir / "learner"
+        self.dir = DataDir(self.data_dir).learner()
         self.rounds_file = self.dir / "rounds.jsonl"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

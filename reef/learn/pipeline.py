@@ -10,8 +10,10 @@ a scenario's own keys (`scenarios.<name>: {max_steps: 60}` or `{recipe: kto, ...
 Each stage writes one fixed folder DVC tracks (DVC content-addresses it; the content hash and ids
 are inside): `data/snapshots/<scenario>/`, `data/candidates/<scenario>/`, `data/metrics/<scenario>.json`.
 
-The steps themselves are reef.learn.round's, the one round orchestrator: a stage is one step of
-a round. The pipeline trains from `base_model.path`, its declared dependency, never from a release
+params.yaml is read by reef.config.params (strict: an unknown key exits 2 naming it), and each
+round is planned by reef.learn.round's planner from its `train` setting, as the server's learner
+plans from serve.yaml's. The steps themselves are reef.learn.round's, the one round orchestrator: a
+stage is one step of a round. The pipeline trains from `base_model.path`, its declared dependency, never from a release
 head DVC cannot see (`continue_from_head` is off; the server's learner continues from the head).
 """
 
@@ -22,114 +24,53 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from reef.config import ParamsError, PipelineParams, TrainParams
+from reef.config.params import DEFAULT_PARAMS
 from reef.core.durable import replace_atomically
+from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.learn import round as rounds
 from reef.learn.round import RoundPlan
-from reef.recipe import ledger
+from reef.recipe.registry import resolve
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.recipe.spec import Candidate
+from reef.scenario.schema import RecipeSpec
 
-DEFAULT_PARAMS = Path("params.yaml")
-RELEASE_DIR = Path("data")  # where the pipeline's candidates are registered and gated
+RELEASE_DIR = DataDir(DEFAULT_DATA_DIR)  # where the pipeline's candidates are registered and gated
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+def plan(params: PipelineParams, scenario: str, spec: RecipeSpec | None = None, *, fixed: bool = True) -> RoundPlan:
+    """The scenario's round, by the learner's planner: fixed folders (the DVC stages'), or content-hashed
+    ones (`reef recipe run`); from `base_model.path`, never from a head DVC cannot see."""
+    return rounds.plan_round(scenario, spec or params.recipe_spec(scenario), base_model=params.base_model.path,
+                             data_dir=RELEASE_DIR.root, experience_dir=params.source.data_dir,
+                             ledger_root=params.source.ledger_root, fixed=fixed, continue_from_head=False)
+
+
+def checked(params: PipelineParams, scenario: str, spec: RecipeSpec | None = None, *, fixed: bool = True,
+            overrides: dict[str, Any] | None = None) -> RoundPlan:
+    """`plan`, its recipe fields checked against the recipe's config class: one it lacks is a
+    ParamsError naming the key where it was written (`train.max_stepz`, or `--set max_stepz`)."""
+    out = plan(params, scenario, spec, fixed=fixed)
+    known = {f.name for f in fields(resolve(out.recipe, out.import_dirs).config_class)}
+    for key in sorted(set(out.params) - known):
+        raise ParamsError(f"--set {key}: unknown key") if key in (overrides or {}) else params.unknown(scenario, key)
     return out
 
 
-@dataclass(frozen=True)
-class Params:
-    raw: dict[str, Any]
-
-    def __post_init__(self) -> None:
-        if "scenario" in self.raw:
-            raise ValueError(f"params.yaml: `scenario: {self.raw['scenario']}` is now `scenarios: "
-                             f"{{{self.raw['scenario']}: {{}}}}` (one entry per scenario the pipeline learns for)")
-        for name in self.scenarios:
-            if "." in name:  # DVC addresses params by dotted path: `scenarios.a.b` cannot be tracked
-                raise ValueError(f"params.yaml: scenarios.{name}: DVC cannot track a scenario name with a dot")
-
-    @classmethod
-    def read(cls, path: Path | str = DEFAULT_PARAMS) -> Params:
-        return cls(yaml.safe_load(Path(path).read_text()) or {})
-
-    @property
-    def scenarios(self) -> list[str]:
-        return list(self.raw.get("scenarios") or {})
-
-    def scenario(self, name: str | None = None) -> str:
-        """`name`, checked, or the only scenario params.yaml declares."""
-        if name is not None:
-            if name not in self.scenarios:
-                raise ValueError(f"params.yaml declares no scenario {name!r} (scenarios: {self.scenarios})")
-            return name
-        if len(self.scenarios) != 1:
-            raise ValueError(f"params.yaml declares scenarios {self.scenarios}: name one (--scenario)")
-        return self.scenarios[0]
-
-    @property
-    def base_model(self) -> str:
-        return self.raw.get("base_model", {}).get("path", "data/models/tiny")
-
-    @property
-    def data_dir(self) -> Path:
-        return Path(self.raw.get("source", {}).get("data_dir", "data"))
-
-    @property
-    def ledger_root(self) -> Path:
-        return Path(self.raw.get("source", {}).get("ledger_root", ledger.DEFAULT_ROOT))
-
-    def train(self, scenario: str) -> dict[str, Any]:
-        """`train` with the scenario's own keys over it."""
-        return _merge(self.raw.get("train") or {}, (self.raw.get("scenarios") or {}).get(scenario) or {})
-
-    def recipe_ref(self, scenario: str) -> str:
-        return self.train(scenario)["recipe"]
-
-    def recipe_params(self, scenario: str) -> dict[str, Any]:
-        """The scenario's train keys minus `recipe`, `train.experience` flattened in: the recipe config's fields."""
-        train = self.train(scenario)
-        train.pop("recipe", None)
-        experience = train.pop("experience", None) or {}
-        return {**experience, **train}
-
-    def plan(self, scenario: str, *, recipe: str | None = None, overrides: dict[str, Any] | None = None,
-             fixed: bool = True) -> RoundPlan:
-        """The scenario's round: fixed folders (the DVC stages'), or content-hashed ones (`reef recipe run`)."""
-        own = recipe is None or recipe == self.train(scenario).get("recipe")
-        values = self.recipe_params(scenario) if own else {}
-        values = {**values, **(overrides or {})}
-        base = values.pop("base_model", None) or self.base_model
-        return RoundPlan(
-            scenario=scenario, recipe=recipe or self.recipe_ref(scenario), params=values, base_model=base,
-            experience_dir=self.data_dir, data_dir=RELEASE_DIR, ledger_root=self.ledger_root,
-            snapshot_dir=Path("data/snapshots") / scenario if fixed else None,
-            candidate_dir=Path("data/candidates") / scenario if fixed else None, continue_from_head=False,
-        )
-
-    def metrics_file(self, scenario: str) -> Path:
-        return Path("data/metrics") / f"{scenario}.json"
-
-    @property
-    def evaluate(self) -> dict[str, Any]:
-        return dict(self.raw.get("evaluate", {}))
+def metrics_file(scenario: str) -> Path:
+    return RELEASE_DIR.metrics / f"{scenario}.json"
 
 
-def stage_snapshot(params: Params, scenario: str) -> Snapshot:
-    return rounds.take_snapshot(params.plan(scenario))
+def stage_snapshot(params: PipelineParams, scenario: str) -> Snapshot:
+    return rounds.take_snapshot(checked(params, scenario))
 
 
-def stage_train(params: Params, scenario: str, progress: bool = True) -> Candidate:
-    return rounds.train(params.plan(scenario), progress=progress)
+def stage_train(params: PipelineParams, scenario: str, progress: bool = True) -> Candidate:
+    return rounds.train(checked(params, scenario), progress=progress)
 
 
 def gate_metrics(candidate: Path | str, baseline: Path | str, scenario: str, evaluate: dict[str, Any],
@@ -151,12 +92,11 @@ def gate_metrics(candidate: Path | str, baseline: Path | str, scenario: str, eva
     return metrics
 
 
-def stage_evaluate(params: Params, scenario: str) -> dict[str, Any]:
-    ev = params.evaluate
-    baseline = ev.pop("baseline", None) or params.base_model
-    plan = params.plan(scenario)
-    assert plan.candidate_dir is not None
-    return gate_metrics(plan.candidate_dir, baseline, scenario, ev, params.metrics_file(scenario))
+def stage_evaluate(params: PipelineParams, scenario: str) -> dict[str, Any]:
+    candidate_dir = plan(params, scenario).candidate_dir
+    assert candidate_dir is not None
+    baseline = params.evaluate.baseline or params.base_model.path
+    return gate_metrics(candidate_dir, baseline, scenario, params.evaluate.gate_fields(), metrics_file(scenario))
 
 
 def _dvc(*args: str) -> None:
@@ -175,32 +115,32 @@ def learn_once(params_path: Path | str = DEFAULT_PARAMS, scenario: str | None = 
     `batch_size`, or reported since), since DVC sees no changed input then. Without DVC the round
     orchestrator runs the same steps.
     """
-    params = Params.read(params_path)
+    params = PipelineParams.read(params_path)
     name = params.scenario(scenario)
-    plan = params.plan(name)
+    round_plan = checked(params, name)
     if use_dvc is None:
         use_dvc = Path("dvc.yaml").is_file() and shutil.which("dvc") is not None
     if use_dvc:
         _dvc("repro", f"snapshot@{name}")  # upstream stages, and the snapshot when its inputs changed
-    recipe = plan.load_recipe()
-    records, counts, digest = rounds.selection(plan, recipe)
+    recipe = round_plan.load_recipe()
+    records, counts, digest = rounds.selection(round_plan, recipe)
     waiting = {"records": records, **counts}
     if records == 0 and recipe.needs_experience:
         return {"status": "nothing_new", "scenario": name, "pending": waiting}
     if use_dvc:
-        assert plan.snapshot_dir is not None
-        current = plan.snapshot_dir / "manifest.json"
-        if not current.is_file() or Snapshot.open(plan.snapshot_dir).hash != digest:
+        assert round_plan.snapshot_dir is not None
+        current = round_plan.snapshot_dir / "manifest.json"
+        if not current.is_file() or Snapshot.open(round_plan.snapshot_dir).hash != digest:
             _dvc("repro", "--force", "--single-item", f"snapshot@{name}")
         _dvc("repro", f"evaluate@{name}")
     else:
-        rounds.run_round(plan, evaluate=False, progress=progress)
+        rounds.run_round(round_plan, evaluate=False, progress=progress)
         stage_evaluate(params, name)
-    assert plan.candidate_dir is not None
+    assert round_plan.candidate_dir is not None
     return {
         "status": "trained", "scenario": name, "pending": waiting,
-        "candidate": Candidate.read(plan.candidate_dir).to_json(),
-        "metrics": json.loads(params.metrics_file(name).read_text()),
+        "candidate": Candidate.read(round_plan.candidate_dir).to_json(),
+        "metrics": json.loads(metrics_file(name).read_text()),
     }
 
 
@@ -211,37 +151,21 @@ def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overr
     against the base model, written to the candidate's eval.json. Params come from params.yaml's
     (scenario's) train keys when they name the same recipe, else the recipe's defaults; `overrides`
     (e.g. {"max_steps": 5}) win."""
-    from reef.recipe.registry import resolve
-
-    params = Params.read(params_path) if params_path and Path(params_path).is_file() else Params({})
+    params = PipelineParams.read(params_path) if params_path and Path(params_path).is_file() else PipelineParams()
     overrides = dict(overrides or {})
     scenario = scenario or overrides.pop("scenario", None) or params.scenario()
-    configured = params.train(scenario).get("recipe")
-    same = configured is not None and resolve(configured) is resolve(name)
-    plan = params.plan(scenario, recipe=configured if same else name, overrides=overrides, fixed=False)
-    out = rounds.run_round(plan, evaluate=False, progress=progress)
+    configured = params.train_for(scenario).recipe
+    if configured is not None and resolve(configured) is resolve(name):
+        spec = params.recipe_spec(scenario, overrides)
+    else:
+        spec = TrainParams.model_validate({"recipe": name, **overrides}).recipe_spec(params.name)
+    round_plan = checked(params, scenario, spec, fixed=False, overrides=overrides)
+    out = rounds.run_round(round_plan, evaluate=False, progress=progress)
     if evaluate and out["status"] == "trained":
-        ev = params.evaluate
-        baseline = ev.pop("baseline", None) or plan.base_model
+        baseline = params.evaluate.baseline or round_plan.base_model
         path = Path(out["candidate"]["path"])
-        out["metrics"] = gate_metrics(path, baseline, scenario, ev, path / "eval.json", progress=progress)
-    return out
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`["max_steps=5", "kind=lora"]` -> {"max_steps": 5, "kind": "lora"} (values parsed as YAML)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        parsed = yaml.safe_load(value)
-        if isinstance(parsed, str):
-            try:  # YAML 1.1 reads "1e-4" as a string
-                parsed = float(parsed)
-            except ValueError:
-                pass
-        out[key.strip()] = parsed
+        out["metrics"] = gate_metrics(path, baseline, scenario, params.evaluate.gate_fields(), path / "eval.json",
+                                      progress=progress)
     return out
 
 
@@ -254,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the result JSON here")
     args = parser.parse_args(argv)
     try:
-        params = Params.read(args.params)
+        params = PipelineParams.read(args.params)
         name = params.scenario(args.scenario)
-    except (ValueError, OSError) as exc:
+        if args.stage != "evaluate":  # an unknown recipe field fails here, before any work
+            checked(params, name)
+    except (ValueError, OSError, LookupError, ImportError) as exc:
         print(f"reef: {exc}", file=sys.stderr)
         return 2
     try:
@@ -269,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "evaluate":
             result = stage_evaluate(params, name)
         elif args.stage == "pending":
-            result = rounds.pending(params.plan(name))
+            result = rounds.pending(checked(params, name))
         else:
             result = learn_once(args.params, name, progress=not args.quiet)
     except EmptySnapshotError as exc:

@@ -4,8 +4,8 @@ server's learner (in its own process, `python -m reef.learn.round --plan plan.js
 
 A `RoundPlan` says what a round does: which scenario, which recipe with which params, where the
 experience is read from, where the snapshot and candidate go, and whether training continues from
-the scenario's head. It is built from serve.yaml (`plan_for_scenario`, the learner) or from
-params.yaml (`reef.learn.pipeline.Params.plan`, the pipeline and the CLI).
+the scenario's head. `plan_round` builds it from a recipe setting (a `RecipeSpec`): serve.yaml's
+(`plan_for_scenario`, the learner) or params.yaml's `train` (reef.learn.pipeline, the DVC stages and the CLI).
 
 Continuing from the head: a full-weight round trains the head's weights (the weights that produced
 the experience), so each release builds on the last; a LoRA round on the base model continues
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.crashpoints import crash_point
+from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 
 if TYPE_CHECKING:
     from reef.config import ServeConfig
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from reef.recipe.snapshot import Snapshot
     from reef.recipe.spec import Candidate
     from reef.sampling.engine import GateEngine
+    from reef.scenario.schema import RecipeSpec
 
 
 class RoundPlan(BaseModel):
@@ -47,13 +49,13 @@ class RoundPlan(BaseModel):
     recipe: str = Field(description="a built-in name or module:Class")
     params: dict[str, Any] = Field(default_factory=dict, description="the recipe config's fields")
     base_model: str = "data/models/tiny"
-    experience_dir: Path = Field(default=Path("data"), description="where the scenario's experience is read")
-    data_dir: Path = Field(default=Path("data"), description="releases, candidates register and artifacts")
-    ledger_root: Path = Path("data/ledger")
+    experience_dir: Path = Field(default=DEFAULT_DATA_DIR, description="where the scenario's experience is read")
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="releases, candidates register and artifacts")
+    ledger_root: Path = DataDir().ledger
     snapshot_dir: Path | None = Field(default=None, description="a fixed folder; None: content-hashed")
-    snapshot_root: Path = Path("data/snapshots")
+    snapshot_root: Path = DataDir().snapshots()
     candidate_dir: Path | None = Field(default=None, description="a fixed folder; None: <candidate_root>/<id>")
-    candidate_root: Path = Path("data/candidates")
+    candidate_root: Path = DataDir().candidates()
     continue_from_head: bool = True
     import_dirs: list[Path] = Field(default_factory=list, description="folders user recipe modules live in")
 
@@ -70,24 +72,34 @@ class RoundResumeError(RuntimeError):
     """An interrupted round's files do not say how far it got (someone removed its candidate)."""
 
 
+def plan_round(scenario: str, spec: RecipeSpec, *, base_model: str, data_dir: Path, experience_dir: Path | None = None,
+               ledger_root: Path | None = None, fixed: bool = True, continue_from_head: bool = True,
+               import_dirs: list[Path] | None = None) -> RoundPlan:
+    """The round of `spec` for `scenario`; the one planner, for the learner and the pipeline alike.
+    Its folders live in `data_dir`: `snapshots/<s>/` and `candidates/<s>/` when `fixed`, else
+    content-hashed ones beside them; the experience is read from `experience_dir` (default: `data_dir`)
+    and consumed ids kept in `ledger_root` (default: `ledger/`). `base_model` unless the spec names one."""
+    params = spec.recipe_params()
+    base = str(params.pop("base_model", None) or base_model)
+    layout = DataDir(data_dir)
+    return RoundPlan(
+        scenario=scenario, recipe=spec.recipe, params=params, base_model=base,
+        experience_dir=experience_dir or data_dir, data_dir=data_dir, ledger_root=ledger_root or layout.ledger,
+        snapshot_dir=layout.snapshots(scenario) if fixed else None, snapshot_root=layout.snapshots(),
+        candidate_dir=layout.candidates(scenario) if fixed else None, candidate_root=layout.candidates(),
+        continue_from_head=continue_from_head, import_dirs=import_dirs or [],
+    )
+
+
 def plan_for_scenario(config: ServeConfig, scenario: str) -> RoundPlan | None:
     """The learner's round for a scenario declared in serve.yaml (or by a package); None without a recipe.
-    Everything lives in the server's data dir: `snapshots/<s>/`, `candidates/<s>/`, `ledger/<s>/`."""
-    declared = config.scenario(scenario)
-    spec = declared.recipe_spec(config.recipes)
+    Everything lives in the server's data dir; a user's recipe module may sit next to serve.yaml."""
+    spec = config.scenario(scenario).recipe_spec(config.recipes)
     if spec is None:
         return None
-    data_dir = Path(config.data_dir).resolve()
-    params = spec.recipe_params()
-    # A user's recipe module may sit next to serve.yaml, like their reward module.
     dirs = [config.config_file.parent] if config.config_file else []
-    return RoundPlan(
-        scenario=scenario, recipe=spec.recipe, params=params, base_model=str(params.pop("base_model", None)
-                                                                             or config.model_path),
-        experience_dir=data_dir, data_dir=data_dir, ledger_root=data_dir / "ledger",
-        snapshot_dir=data_dir / "snapshots" / scenario, candidate_dir=data_dir / "candidates" / scenario,
-        import_dirs=dirs,
-    )
+    return plan_round(scenario, spec, base_model=config.model_path, data_dir=Path(config.data_dir).resolve(),
+                      import_dirs=dirs)
 
 
 def min_records(config: ServeConfig, scenario: str) -> int:
@@ -155,12 +167,13 @@ def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool =
     from reef.recipe.snapshot import Snapshot
 
     plan = from_head(plan)
-    if snapshot is None and plan.snapshot_dir is None:
-        raise ValueError("train needs the snapshot, or a plan with a fixed snapshot_dir")
-    snap = snapshot or Snapshot.open(plan.snapshot_dir)
+    if snapshot is None:
+        if plan.snapshot_dir is None:
+            raise ValueError("train needs the snapshot, or a plan with a fixed snapshot_dir")
+        snapshot = Snapshot.open(plan.snapshot_dir)
     recipe = plan.load_recipe()
     recipe.engine = engine
-    return recipe.run(snap, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
+    return recipe.run(snapshot, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
 
 
 def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | None = None, *,

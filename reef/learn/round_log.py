@@ -30,9 +30,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from reef.core.clock import utcnow
 from reef.core.durable import append_line, read_log
+from reef.core.paths import DataDir
 from reef.core.statemachine import LogEvent, Transitions
-from reef.registry.schema import utcnow
 
 RoundState = Literal["planned", "snapshotted", "trained", "registered", "gated", "released", "rejected", "done",
                      "failed", "abandoned"]
@@ -128,7 +129,7 @@ class RoundLog:
 
     @classmethod
     def for_data_dir(cls, data_dir: Path | str, scenario: str) -> RoundLog:
-        return cls(Path(data_dir) / "learner" / scenario, scenario)
+        return cls(DataDir(data_dir).learner(scenario), scenario)
 
     def rounds(self) -> list[Round]:
         """Every round, oldest first. An event the table does not allow (never written by this code)

@@ -63,8 +63,8 @@ def split_tools(chat: Chat) -> tuple[Chat, list[dict[str, Any]]]:
 def tool_signature(tool: dict[str, Any]) -> str:
     """`name(param, ...)`: how CHAT_TEMPLATE lists an offered tool."""
     fn = tool.get("function", tool)
-    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    params: dict[str, Any] = fn["parameters"] if isinstance(fn.get("parameters"), dict) else {}
+    props: dict[str, Any] = params["properties"] if isinstance(params.get("properties"), dict) else {}
     return f"{fn['name']}({', '.join(props)})"
 
 
@@ -92,7 +92,7 @@ def chat_segments(chat: Chat) -> list[tuple[str, bool]]:
         block = f"{system}<tools>{listing}\n</tools>{IM_END}"
         segments += [(f"{IM_START}system\n", False), (block, False), ("\n", False)]
     for message in messages:
-        content = message.get("content") if isinstance(message.get("content"), str) else ""
+        content: str = message["content"] if isinstance(message.get("content"), str) else ""
         body = content
         if message["role"] == "assistant":
             body += "".join(tool_call_text(c) for c in message.get("tool_calls") or ())

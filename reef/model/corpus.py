@@ -194,7 +194,7 @@ def build_corpus(seed: int = 0, extra: Mapping[str, Contribution] | None = None)
             stage.chats += chats.get(stage.name, [])
     rng = random.Random(seed)
     for stage in stages:
-        chats, texts = GENERAL_PER_STAGE[stage.name]
-        stage.chats += [general_chat(rng) for _ in range(chats)]
-        stage.texts += [" ".join(sentence(rng) for _ in range(rng.randint(1, 3))) for _ in range(texts)]
+        n_chats, n_texts = GENERAL_PER_STAGE[stage.name]
+        stage.chats += [general_chat(rng) for _ in range(n_chats)]
+        stage.texts += [" ".join(sentence(rng) for _ in range(rng.randint(1, 3))) for _ in range(n_texts)]
     return Corpus(stages)

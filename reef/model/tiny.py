@@ -12,7 +12,6 @@ learning loop has something to show. The build measures it on every packaged sce
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import math
@@ -23,14 +22,12 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tqdm import tqdm
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -40,8 +37,13 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
+from reef.core.hashing import weights_sha256
+from reef.gate.evaluator import score_replies
 from reef.model.chat_format import CHAT_TEMPLATE, IM_END, IM_START, chat_segments, split_tools
 from reef.model.corpus import Chat, Corpus, Stage, build_corpus, contributions
+from reef.sampling.completion import texts
+from reef.sampling.load import load_model, load_tokenizer
+from reef.sampling.transformers import TransformersSampler
 from reef.scenario import EvalSuite, ScenarioError, eval_suite, packaged_scenarios, training_tasks
 
 DEFAULT_OUT = Path("data/models/tiny")
@@ -242,7 +244,6 @@ def train(
 # --- evaluation --------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def generate_replies(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -254,29 +255,10 @@ def generate_replies(
     seed: int = 0,
     batch_size: int = 64,
 ) -> list[list[str]]:
-    """`samples` replies per conversation with plain transformers `generate` (temperature 0 is
-    greedy); no top-k/top-p, so temperature 1 samples the model's own distribution like vLLM."""
-    torch.manual_seed(seed)
-    tokenizer.padding_side = "left"
-    prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
-    sampling = temperature > 0
-    replies: list[list[str]] = []
-    for start in range(0, len(prompts), batch_size):
-        batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
-        out = model.generate(
-            **batch,
-            max_new_tokens=max_new_tokens,
-            do_sample=sampling,
-            temperature=temperature if sampling else None,
-            top_k=0 if sampling else None,
-            top_p=1.0 if sampling else None,
-            num_return_sequences=samples,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-        replies += [texts[i : i + samples] for i in range(0, len(texts), samples)]
-    return replies
+    """`samples` replies per conversation (reef.sampling.transformers; temperature 0 is greedy)."""
+    sampler = TransformersSampler(model, tokenizer, batch_size=batch_size)
+    return texts(sampler.sample(conversations, samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                                seed=seed))
 
 
 def success_rate(
@@ -291,27 +273,23 @@ def success_rate(
     """Mean reward over `samples` replies per task of `suite` (unscorable replies left out)."""
     replies = generate_replies(model, tokenizer, suite.prompts, temperature=temperature, samples=samples,
                                max_new_tokens=suite.max_new_tokens, seed=seed)
-    values = [s.value for scores in suite.score(replies) for s in scores if s.value is not None]
-    return sum(values) / len(values) if values else 0.0
+    return score_replies(suite, replies).reply_mean
 
 
 # --- build -------------------------------------------------------------------------------------
 
 
-def weights_sha256(model_dir: Path) -> str:
-    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
-
-
 def check_tokenizer_roundtrip(saved: Path, trained: PreTrainedTokenizerFast, corpus: Corpus) -> None:
     """Fail the build if the tokenizer as loaded from disk (what vLLM and TRL will use) encodes
     differently from the one the model was trained with."""
-    loaded = AutoTokenizer.from_pretrained(saved)
+    loaded = load_tokenizer(saved)
     samples = [stage.chats[i] for stage in corpus.stages for i in range(0, len(stage.chats), 97)]
     samples += [chat for stage in corpus.stages for chat in stage.chats[::7] if split_tools(chat)[1]]
     for chat in samples:
         messages, tools = split_tools(chat)
-        text = trained.apply_chat_template(messages, tools=tools or None, tokenize=False)
-        if loaded.apply_chat_template(messages, tools=tools or None, tokenize=False) != text:
+        offered: list[Any] | None = list(tools) if tools else None
+        text = trained.apply_chat_template(messages, tools=offered, tokenize=False)
+        if loaded.apply_chat_template(messages, tools=offered, tokenize=False) != text:
             raise RuntimeError(f"saved chat template renders differently: {text!r}")
         ids = trained.encode(text, add_special_tokens=False)
         if loaded.encode(text, add_special_tokens=False) != ids:
@@ -325,8 +303,7 @@ def evaluate_model(model_dir: Path, seed: int = 0, samples: int = EVAL_SAMPLES_P
     """Success of a saved model with plain transformers on every packaged scenario's eval suite:
     held-out at temperature 1 (`samples` per prompt) and greedy, and the scenario's training
     prompts (when it declares `tasks:`) at temperature 1, one reply each."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model, tokenizer = load_model(model_dir)
     out: dict[str, dict[str, float]] = {}
     for name, scenario in sorted(packaged_scenarios().items()):
         if scenario.eval is None or scenario.reward is None:
@@ -373,8 +350,8 @@ def build_tiny(
         corpus = build_corpus(seed)
         tokenizer = train_tokenizer(corpus)
         stages = [encode_stage(tokenizer, stage) for stage in corpus.stages]
-        im_end = tokenizer.convert_tokens_to_ids(IM_END)
-        pad = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+        im_end = cast(int, tokenizer.convert_tokens_to_ids(IM_END))
+        pad = cast(int, tokenizer.convert_tokens_to_ids(ENDOFTEXT))
         config = Qwen2Config(
             vocab_size=len(tokenizer), bos_token_id=pad, eos_token_id=im_end, pad_token_id=pad, **MODEL_CONFIG
         )

@@ -17,7 +17,6 @@ The same call runs in a notebook, the CLI and the DVC train stage.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,10 +27,11 @@ from abc import ABC
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from reef.core.durable import replace_dir
-from reef.experience.schema import sha256_json
+from reef.core.hashing import sha256_json, weights_sha256
+from reef.core.paths import DataDir
 from reef.recipe import ledger
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.recipe.spec import CANDIDATE_FILE, Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CANDIDATES = Path("data/candidates")
+DEFAULT_CANDIDATES = DataDir().candidates()
 # Base-model files that are weights or Reef's build metadata: a full candidate writes its own.
 _NOT_COPIED = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "reef-model.json"}
 
@@ -59,17 +59,6 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return out
-
-
-def weights_sha256(model_dir: Path | str) -> str | None:
-    path = Path(model_dir) / "model.safetensors"
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_adapter_base(adapter: Path, base_model: str) -> None:
@@ -155,7 +144,7 @@ class Recipe(ABC):
             trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
         result = trainer.train()
         self.training_log.rows = per_step(trainer.state.log_history)
-        return trainer.model, {**result.metrics, **self.extra_metrics(trainer)}
+        return cast("PreTrainedModel", trainer.model), {**result.metrics, **self.extra_metrics(trainer)}
 
     def extra_metrics(self, trainer: transformers.Trainer) -> dict[str, Any]:
         """Recipe-specific numbers for candidate.json (e.g. how many samples were used)."""
@@ -185,25 +174,20 @@ class Recipe(ABC):
     def load_model(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """The base model; with `kind: lora`, wrapped in a fresh adapter, or in `init_adapter` (e.g. the
         head release's adapter) loaded trainable, so that a round continues where the head left off."""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from reef.sampling.load import load_model
 
         c = self.config
-        tokenizer = AutoTokenizer.from_pretrained(c.base_model)
-        model = AutoModelForCausalLM.from_pretrained(c.base_model, dtype=torch.float32)
         if c.init_adapter is not None:
-            from peft import PeftModel
-
             if c.kind != "lora":
                 raise ValueError(f"init_adapter is for kind: lora; a {c.kind} candidate starts from base_model")
             check_adapter_base(Path(c.init_adapter), c.base_model)
-            model = PeftModel.from_pretrained(model, c.init_adapter, is_trainable=True)
-        elif c.kind == "lora":
+        model, tokenizer = load_model(c.base_model, c.init_adapter, trainable=True)
+        if c.init_adapter is None and c.kind == "lora":
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=c.lora_r, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
                               target_modules=list(c.lora_target_modules), task_type="CAUSAL_LM")
-            model = get_peft_model(model, lora)
+            model = cast("PreTrainedModel", get_peft_model(model, lora))  # a PeftModel forwards to its model
         return model, tokenizer
 
     # --- the framework's part ----------------------------------------------------------------

@@ -39,12 +39,13 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.core.durable import replace_dir
+from reef.core.paths import DataDir
 from reef.recipe import ledger
-from reef.recipe.base import Recipe, _versions
+from reef.recipe.base import DEFAULT_CANDIDATES, Recipe, _versions
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.recipe.spec import Candidate, Lineage, RecipeConfig, git_commit
 
-CANDIDATE_KIND = "harness"
+CANDIDATE_KIND: Literal["harness"] = "harness"
 
 
 class NothingToProposeError(EmptySnapshotError):
@@ -130,7 +131,7 @@ def head_harness(snapshot: Snapshot) -> tuple[str | None, dict[str, str]]:
     from reef.registry.harness import load_harness
 
     data_dir = snapshot.data_dir
-    if not (data_dir / "releases" / snapshot.scenario / CHAIN_FILE).is_file():
+    if not (DataDir(data_dir).releases(snapshot.scenario) / CHAIN_FILE).is_file():
         return None, {}
     store = ArtifactStore.for_data_dir(data_dir)
     release = ReleaseChain.for_data_dir(data_dir, snapshot.scenario, artifacts=store).get(snapshot.head_release)
@@ -164,7 +165,7 @@ class HarnessRecipe(Recipe):
     def proposer_name(self) -> str:
         return type(self).__name__
 
-    def run(self, snapshot: Snapshot | Path | str, out_root: Path | str = Path("data/candidates"), *,
+    def run(self, snapshot: Snapshot | Path | str, out_root: Path | str = DEFAULT_CANDIDATES, *,
             out_dir: Path | str | None = None, progress: bool = True, consume: bool = True) -> Candidate:
         """Propose mutations of the head's harness from `snapshot` and write the candidate folder."""
         snap = snapshot if isinstance(snapshot, Snapshot) else Snapshot.open(snapshot)

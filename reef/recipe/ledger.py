@@ -17,10 +17,11 @@ from pathlib import Path
 import polars as pl
 
 from reef.core.durable import replace_atomically
+from reef.core.paths import DataDir
 from reef.experience import shards
 
-DEFAULT_ROOT = Path("data/ledger")
-_SCHEMA = {
+DEFAULT_ROOT = DataDir().ledger
+_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "record_id": pl.String,
     "snapshot_hash": pl.String,
     "candidate_id": pl.String,

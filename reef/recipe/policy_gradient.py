@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from reef.recipe.logprobs import completion_logprobs
 from reef.recipe.tokens import fit_left
-from reef.sampling.rollout import Rollout
+from reef.sampling.completion import Completion
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 1e-4) -> list[float]:
@@ -29,7 +29,7 @@ def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 
     return [(r - mean) / (std + eps) if scale else r - mean for r in rewards]
 
 
-def policy_gradient_loss(model: PreTrainedModel, rollouts: Sequence[Rollout], advantages: Sequence[float],
+def policy_gradient_loss(model: PreTrainedModel, rollouts: Sequence[Completion], advantages: Sequence[float],
                          pad_id: int, max_length: int | None = None) -> torch.Tensor:
     """The on-policy loss above over a batch; zero-advantage rollouts are left out (no signal).
     Longer than `max_length`: the prompt is cut from the left (`reef.recipe.tokens.fit_left`)."""

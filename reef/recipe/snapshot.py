@@ -26,15 +26,16 @@ import datasets
 import polars as pl
 
 from reef.core.durable import replace_dir
+from reef.core.hashing import sha256_json
+from reef.core.paths import DataDir
 from reef.experience import load
 from reef.experience.load import EXPERIENCE_FEATURES, SESSION_COL
-from reef.experience.schema import sha256_json
 from reef.recipe import ledger
 from reef.recipe.spec import ExperienceSpec
 
 RECORDS_FILE = "records.parquet"
 MANIFEST_FILE = "manifest.json"
-DEFAULT_ROOT = Path("data/snapshots")
+DEFAULT_ROOT = DataDir().snapshots()
 
 
 class EmptySnapshotError(RuntimeError):
@@ -230,7 +231,7 @@ class Snapshot:
         target = Path(dest) if dest is not None else Path(root) / snap_id
         if dest is None and (target / MANIFEST_FILE).exists():
             return cls.open(target)  # same content, already frozen
-        head = data_dir / "releases" / scenario / "HEAD"
+        head = DataDir(data_dir).releases(scenario) / "HEAD"
         manifest = {
             "id": snap_id,
             "hash": digest,

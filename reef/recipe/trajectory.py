@@ -104,7 +104,8 @@ def trajectories(frame: pl.DataFrame) -> pl.DataFrame:
                 out["weight"].append(min(m["weight"] for m in members))
             if "group" in extra:
                 out["group"].append(members[0]["group"])
-    schema = {"session_id": pl.String, "record_ids": pl.List(pl.String), "turns": pl.Int64,
-              "input_ids": pl.List(pl.Int64), "labels": pl.List(pl.Int64),
-              "score": pl.Float64, "weight": pl.Float64, "group": pl.String}
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {
+        "session_id": pl.String, "record_ids": pl.List(pl.String), "turns": pl.Int64,
+        "input_ids": pl.List(pl.Int64), "labels": pl.List(pl.Int64),
+        "score": pl.Float64, "weight": pl.Float64, "group": pl.String}
     return pl.DataFrame(out, schema={k: schema[k] for k in out})

@@ -26,25 +26,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reef.core.clock import utcnow
 from reef.core.durable import fsync_path
+from reef.core.hashing import sha256_file, sha256_tree
+from reef.core.paths import CANDIDATE_FILE, DataDir
 from reef.registry.schema import (
     CONTENT_ID_RE,
     ArtifactFile,
     ArtifactKind,
     ArtifactManifest,
     ReleaseLineage,
-    utcnow,
 )
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROOT = Path("data/artifacts")
+DEFAULT_ROOT = DataDir().artifacts
 MANIFEST_FILE = "manifest.json"
 FILES_DIR = "files"
-# reef.recipe.spec.CANDIDATE_FILE; not imported, reef.recipe pulls in torch. It is metadata (its
-# path and created_at differ between two runs of the same weights), so it is not content: its
-# lineage goes into the manifest instead.
-CANDIDATE_FILE = "candidate.json"
+# A candidate folder's CANDIDATE_FILE is metadata (its path and created_at differ between two runs
+# of the same weights), so it is not content: its lineage goes into the manifest instead.
 # A recipe's per-step TensorBoard events (reef.recipe.training_log): about the run, not the artifact,
 # and different at every run (wall times), so never part of the content id.
 TRAINING_EVENTS_DIR = "tensorboard"
@@ -72,17 +72,8 @@ class CorruptArtifactError(ArtifactError):
         super().__init__(f"artifact {content_id}: {path}: {reason}")
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def content_id_of(files: Iterable[ArtifactFile]) -> str:
-    listing = "".join(f"{f.sha256}  {f.path}\n" for f in sorted(files, key=lambda f: f.path))
-    return hashlib.sha256(listing.encode()).hexdigest()
+    return sha256_tree((f.path, f.sha256) for f in files)
 
 
 def tree_files(root: Path, *, skip_hidden: bool = True) -> list[str]:
@@ -126,7 +117,7 @@ class ArtifactStore:
 
     @classmethod
     def for_data_dir(cls, data_dir: Path | str, **kw: Any) -> ArtifactStore:
-        return cls(Path(data_dir) / "artifacts", **kw)
+        return cls(DataDir(data_dir).artifacts, **kw)
 
     # --- importing ---------------------------------------------------------------------------
 
@@ -139,7 +130,7 @@ class ArtifactStore:
         meta_path = src / CANDIDATE_FILE
         meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         is_adapter = (src / ADAPTER_CONFIG).is_file()
-        kind = meta.get("kind") or ("lora" if is_adapter else "full")
+        kind: ArtifactKind = meta.get("kind") or ("lora" if is_adapter else "full")
         if kind not in ("lora", "full") or (kind == "lora") != is_adapter:
             raise ArtifactError(f"{src}: candidate.json says kind {kind!r} but {ADAPTER_CONFIG} is "
                                 f"{'present' if is_adapter else 'absent'}")

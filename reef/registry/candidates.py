@@ -27,10 +27,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from reef.core.clock import utcnow
 from reef.core.durable import append_line, read_log, replace_atomically
+from reef.core.paths import DataDir
 from reef.core.statemachine import IllegalTransitionError, LogEvent, Transitions
 from reef.registry.artifacts import ArtifactStore
-from reef.registry.schema import ArtifactKind, ReleaseLineage, utcnow, validate_scenario
+from reef.registry.schema import ArtifactKind, ReleaseLineage, validate_scenario
 
 log = logging.getLogger("reef.registry")
 
@@ -151,13 +153,13 @@ class CandidateRegistry:
     def __init__(self, data_dir: Path | str, scenario: str, *, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir)
         self.scenario = validate_scenario(scenario)
-        self.dir = self.data_dir / "releases" / scenario
+        self.dir = DataDir(self.data_dir).releases(scenario)
         self.path = self.dir / CANDIDATES_FILE
         self.fsync = fsync
 
     @classmethod
     def scenarios(cls, data_dir: Path | str) -> list[str]:
-        root = Path(data_dir) / "releases"
+        root = DataDir(data_dir).releases()
         return sorted(p.parent.name for p in root.glob(f"*/{CANDIDATES_FILE}")) if root.is_dir() else []
 
     # --- reading ------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reef.core.clock import utcnow
 from reef.core.durable import append_line, fsync_path, replace_atomically
+from reef.core.paths import DataDir
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.schema import (
     ArtifactKind,
@@ -36,13 +38,12 @@ from reef.registry.schema import (
     ReleaseLineage,
     Routing,
     release_name,
-    utcnow,
     validate_scenario,
 )
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROOT = Path("data/releases")
+DEFAULT_ROOT = DataDir().releases()
 CHAIN_FILE = "chain.jsonl"
 HEAD_FILE = "HEAD"
 LOCK_FILE = "LOCK"
@@ -110,7 +111,7 @@ class ReleaseChain:
 
     @classmethod
     def for_data_dir(cls, data_dir: Path | str, scenario: str, **kw: Any) -> ReleaseChain:
-        return cls(Path(data_dir) / "releases", scenario, **kw)
+        return cls(DataDir(data_dir).releases(), scenario, **kw)
 
     # --- reading (no lock: appends are whole lines, HEAD is replaced atomically) ----------------
 

@@ -8,7 +8,7 @@ A manifest is `<artifacts>/<content_id>/manifest.json`; a release is one line of
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,10 +25,6 @@ CONTENT_ID_RE = re.compile(CONTENT_ID_PATTERN)
 SCENARIO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # Same format reef.experience.load.RELEASE_SEQ_RE parses staleness from.
 RELEASE_ID_RE = re.compile(r"^(?P<scenario>.+)@r(?P<seq>\d+)$")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def validate_scenario(scenario: str) -> str:

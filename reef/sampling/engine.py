@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from reef.core.chat import ChatError, ChatReply, achat, chat_body
+from reef.core.paths import DataDir
 from reef.engine.weights import EngineWeights
 from reef.scenario.environment import Environment, EpisodeState, reply_text
 
@@ -187,24 +189,25 @@ class EngineSession:
 
     async def _choices(self, model: str, task: dict[str, Any], messages: list[dict[str, Any]], *, samples: int,
                        max_tokens: int, temperature: float, seed: int) -> list[dict[str, Any]]:
-        body: dict[str, Any] = {"model": model, "messages": messages, "n": samples, "max_tokens": max_tokens,
-                                "temperature": temperature, "top_p": 1.0, "top_k": 0, "seed": seed}
-        if task.get("tools"):
-            body["tools"] = task["tools"]
-            if task.get("tool_choice") is not None:
-                body["tool_choice"] = task["tool_choice"]
-        async with self.limit:
-            response = await self._chat(body)
-            if response.status_code == 400 and "tool choice" in response.text and "tool_choice" not in body:
-                # An engine without a tool-call parser: the tools are still in the prompt, the reply is text.
-                response = await self._chat({**body, "tool_choice": "none"})
-        if response.status_code != 200:
-            raise GateEngineError(f"{model} answered HTTP {response.status_code}: {response.text[:300]}")
-        return [c["message"] for c in sorted(response.json()["choices"], key=lambda c: c["index"])]
-
-    async def _chat(self, body: dict[str, Any]) -> httpx.Response:
+        tools = task.get("tools")
+        body = chat_body(model, messages, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=1.0,
+                         top_k=0, seed=seed, tools=tools, tool_choice=task.get("tool_choice") if tools else None)
         try:
-            return await self.http.post("/v1/chat/completions", json=body)
+            async with self.limit:
+                try:
+                    reply = await self._chat(body)
+                except ChatError as exc:
+                    if not (exc.status == 400 and "tool choice" in exc.text and "tool_choice" not in body):
+                        raise
+                    # An engine without a tool-call parser: the tools are still in the prompt, the reply is text.
+                    reply = await self._chat({**body, "tool_choice": "none"})
+        except ChatError as exc:
+            raise GateEngineError(f"{model} answered {exc.problem or f'HTTP {exc.status}'}: {exc.text[:300]}") from exc
+        return reply.messages
+
+    async def _chat(self, body: dict[str, Any]) -> ChatReply:
+        try:
+            return await achat(self.http, body)
         except httpx.HTTPError as exc:
             raise GateEngineError(f"{body['model']}: {exc!r}") from exc
 
@@ -215,7 +218,7 @@ def taking_turns(data_dir: Path | None) -> Iterator[None]:
     if data_dir is None:
         yield
         return
-    path = Path(data_dir) / "releases" / LOCK_FILE
+    path = DataDir(data_dir).releases() / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -195,6 +195,8 @@ def judge_reward(spec: JudgeSpec, engine_url: str | None = None, engine_model: s
     """A judge over an OpenAI-compatible endpoint: `spec.url`, else the served engine's."""
     import httpx
 
+    from reef.core.chat import ChatError, chat, chat_body
+
     def reward(tasks: Sequence[dict[str, Any]], replies: Sequence[str]) -> list[Score]:
         url = spec.url or engine_url
         model = spec.model or engine_model
@@ -206,12 +208,12 @@ def judge_reward(spec: JudgeSpec, engine_url: str | None = None, engine_model: s
             for task, reply in zip(tasks, replies, strict=True):
                 values, raw = [], []
                 for _ in range(spec.votes):
-                    resp = client.post("/v1/chat/completions", json={
-                        "model": model, "messages": judge_messages(spec, task, reply),
-                        "max_tokens": spec.max_tokens, "temperature": spec.temperature})
-                    if resp.status_code != 200:
-                        raise RewardError(f"judge at {url} answered {resp.status_code}: {resp.text[:200]}")
-                    text = resp.json()["choices"][0]["message"].get("content") or ""
+                    try:
+                        text = chat(client, chat_body(model, judge_messages(spec, task, reply),
+                                                      max_tokens=spec.max_tokens, temperature=spec.temperature)).text
+                    except ChatError as exc:
+                        raise RewardError(f"judge at {url} answered {exc.problem or exc.status}: "
+                                          f"{exc.text[:200]}") from exc
                     raw.append(text)
                     value = parse_judge_score(text, spec.scale)
                     if value is not None:

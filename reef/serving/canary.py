@@ -29,6 +29,7 @@ import polars as pl
 from pydantic import BaseModel, Field
 
 from reef.core.durable import append_line, read_log
+from reef.core.paths import DataDir
 from reef.core.statemachine import LogEvent, Transitions
 from reef.experience import shards
 from reef.registry.schema import canary_label
@@ -139,7 +140,7 @@ class CanaryLog:
     """A scenario's canaries as an append-only log of transitions, each checked by `TRANSITIONS`."""
 
     def __init__(self, data_dir: Path | str, scenario: str, *, fsync: bool = True) -> None:
-        self.path = Path(data_dir) / "releases" / scenario / CANARIES_FILE
+        self.path = DataDir(data_dir).releases(scenario) / CANARIES_FILE
         self.fsync = fsync
 
     def canaries(self) -> list[Canary]:

@@ -22,6 +22,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from reef.core.paths import DataDir
 from reef.registry.candidates import CandidateRegistry
 from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseError
 from reef.registry.schema import Release
@@ -169,7 +170,7 @@ class CanaryController:
         the heads (and their splits): the canary of the head's routing release runs on, counted
         again from the recorded experience; any other that was running ends."""
         pub = self.publisher
-        scenarios = sorted({p.parent.name for p in (pub.data_dir / "releases").glob("*/canaries.jsonl")}
+        scenarios = sorted({p.parent.name for p in DataDir(pub.data_dir).releases().glob("*/canaries.jsonl")}
                            | set(pub.routes.serving()))
         for scenario in scenarios:
             lost: Canary | None = None

@@ -27,10 +27,11 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from reef.config import ServeConfig
 from reef.core.crashpoints import crash_point
+from reef.core.paths import DataDir
 from reef.engine.hold import EngineHold
 from reef.engine.weights import EngineWeights, EngineWeightsError
 from reef.registry.artifacts import ArtifactError, ArtifactStore
@@ -47,6 +48,11 @@ from reef.serving.swap import EngineConflictError, SwapFailedError, Swapper, Und
 log = logging.getLogger("reef.registry")
 
 __all__ = ["EngineConflictError", "NotSelectedError", "Publisher", "StaleGateError", "SwapFailedError"]
+
+
+def _log_failure(task: asyncio.Task[Any], scenario: str) -> None:
+    if task.exception() is not None:
+        log.error("chain for %s: %s", scenario, task.exception())
 
 
 async def _nothing() -> None:
@@ -125,7 +131,7 @@ class Publisher:
         one; the engine holds only the base (it just started)."""
         if self.disabled or self.base_content is None:
             return
-        scenarios = sorted({p.parent.name for p in (self.data_dir / "releases").glob("*/chain.jsonl")}
+        scenarios = sorted({p.parent.name for p in DataDir(self.data_dir).releases().glob("*/chain.jsonl")}
                            | set(self.config.scenarios))
         for scenario in scenarios:
             chain, r0 = await asyncio.to_thread(ensure_scenario, self.data_dir, scenario, self.config.model_path,
@@ -202,7 +208,7 @@ class Publisher:
         """A request for a scenario nobody released to: give it a chain whose r0 is the base."""
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(
             ensure_scenario, self.data_dir, scenario, self.config.model_path, self.store))
-        task.add_done_callback(lambda t: t.exception() and log.error("chain for %s: %s", scenario, t.exception()))
+        task.add_done_callback(lambda t: _log_failure(t, scenario))
 
     # --- what serves ---------------------------------------------------------------------------
 
@@ -340,7 +346,7 @@ class Publisher:
             current = self.routes.for_scenario(scenario)
             try:
                 if (content_id, kind) == (current.content_id, current.kind):  # a harness or routing change: no swap
-                    model, undo = current.model, _nothing
+                    model, undo = current.model, cast(Undo, _nothing)
                 else:
                     model, undo = await self._load(scenario, content_id, kind)
                 split_model, split_undo = (None, _nothing) if split is None else await self._load_split_arm(
@@ -363,7 +369,7 @@ class Publisher:
             if self.slots is not None:
                 await self.slots.trim()
         log.info("%s: %s serves %s (%s)%s after %.0f ms", scenario, release.release_id, content_id[:12], kind,
-                 f", {release.split().share:.0%} on {split[:12]}" if split and release.split() else "", ms)
+                 f", {arm.share:.0%} on {split[:12]}" if split and (arm := release.split()) else "", ms)
         return release, {"ms": round(ms, 1), "canary_ok": True, "adapter": model if kind == "lora" else None}
 
     async def _load_split_arm(self, scenario: str, content_id: str, undo: Undo) -> tuple[str, Undo]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from reef.config import ServeConfig
 from reef.core.durable import replace_atomically
+from reef.core.paths import DataDir
 from reef.engine.hold import EngineHold
 from reef.engine.weights import EngineWeights, EngineWeightsError
 from reef.registry.artifacts import ArtifactError, ArtifactStore
@@ -68,8 +69,8 @@ class Swapper:
         self.weights = weights
         self.slots = slots
         self.engine_full: str | None = None  # the full weights the engine holds now
-        self._probes_path = self.data_dir / "releases" / PROBES_FILE
-        self._engine_path = self.data_dir / "releases" / ENGINE_FILE
+        self._probes_path = DataDir(self.data_dir).releases() / PROBES_FILE
+        self._engine_path = DataDir(self.data_dir).releases() / ENGINE_FILE
         self._probes: dict[str, str] = {}
         if self._probes_path.is_file():
             self._probes = json.loads(self._probes_path.read_text())

@@ -1,7 +1,7 @@
 """Offline traffic for any scenario: a model answers the scenario's training prompts (`tasks:`) with
-plain transformers sampling, recorded exactly as the gateway records served chats (prompt and
-completion token ids, the model's per-token logprobs, a `task_id` tag) and scored by the
-scenario's reward as reports (a reply the reward cannot score gets no report).
+plain transformers sampling (reef.sampling.transformers), recorded exactly as the gateway records
+served chats (prompt and completion token ids, the model's per-token logprobs, a `task_id` tag) and
+scored by the scenario's reward as reports (a reply the reward cannot score gets no report).
 
 It lets the learning pipeline run from a fresh clone without a running server (the DVC
 `demo-traffic` stage) and gives tests and notebooks realistic experience. Logprobs are the
@@ -16,73 +16,31 @@ import argparse
 import json
 import random
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reef.config import ServeConfig, StoreConfig, resolve
+from reef.core.clock import utcnow
+from reef.core.hashing import sha256_json
 from reef.experience import ExperienceStore
-from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash, sha256_json, utcnow
+from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash
+from reef.sampling.completion import Completion
+from reef.sampling.load import load_model
+from reef.sampling.transformers import TransformersSampler
 from reef.scenario import Scenario, Task, get_scenario, reward_for, training_tasks
 
 
-@dataclass(frozen=True)
-class Sampled:
-    task: Task
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-
-
-@torch.no_grad()
-def sample(model_dir: Path | str, tasks: list[Task], samples: int, *, temperature: float = 1.0,
-           max_new_tokens: int = 12, seed: int = 0) -> list[Sampled]:
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    eos = tokenizer.eos_token_id
-    torch.manual_seed(seed)
-    out: list[Sampled] = []
-    for start in range(0, len(tasks), 32):
-        batch = tasks[start : start + 32]
-        # Rendered then tokenized without extra special tokens: what vLLM does for a chat request.
-        prompts = [tokenizer.encode(tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True,
-                                                                  tools=t.get("tools"), tokenize=False),
-                                    add_special_tokens=False)
-                   for t in batch]
-        width = max(map(len, prompts))
-        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        gen = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=True,
-            temperature=temperature, top_k=0, top_p=1.0, num_return_sequences=samples,
-            output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
-        )
-        new = gen.sequences[:, width:]
-        logprobs = torch.stack(gen.logits, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        for row in range(new.shape[0]):
-            toks = new[row].tolist()
-            n = toks.index(eos) + 1 if eos in toks else len(toks)
-            task = batch[row // samples]
-            out.append(Sampled(task, prompts[row // samples], toks[:n], logprobs[row, :n].tolist(),
-                               tokenizer.decode(toks[:n], skip_special_tokens=True),
-                               "stop" if eos in toks[:n] else "length"))
-    return out
-
-
-def to_record(s: Sampled, record_id: str, scenario: str, release: str, created_at: datetime) -> Record:
-    messages = [Message(role=m["role"], content=m.get("content")) for m in s.task["messages"]]
+def to_record(task: Task, s: Completion, record_id: str, scenario: str, release: str, created_at: datetime) -> Record:
+    messages = [Message(role=m["role"], content=m.get("content")) for m in task["messages"]]
     choices = [Choice(index=0, content=s.text, finish_reason=s.finish_reason, token_ids=s.completion_ids,
-                      logprobs=s.logprobs)]
-    body = {"model": "reef-tiny", "messages": s.task["messages"], "temperature": 1.0}
+                      logprobs=s.logprobs or [])]
+    body = {"model": "reef-tiny", "messages": task["messages"], "temperature": 1.0}
     response = {"id": f"chatcmpl-{record_id}", "object": "chat.completion", "model": "reef-tiny",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": s.text},
                              "finish_reason": s.finish_reason}]}
-    tags = [Tag(name="task_id", value=str(s.task["task_id"]))] if "task_id" in s.task else []
+    tags = [Tag(name="task_id", value=str(task["task_id"]))] if "task_id" in task else []
     return Record(
         record_id=record_id, scenario=scenario, session_id=f"sess-{record_id}", created_at=created_at,
         request_model="reef-tiny", response_model="reef-tiny", response_id=response["id"], release_id=release,
@@ -112,16 +70,20 @@ def record_offline_traffic(
     name = declared.name
     release = release or f"{name}@r0"
     rng = random.Random(seed)
-    sampled = sample(model_dir, tasks, samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    scores = reward([s.task for s in sampled], [s.text for s in sampled])
+    model, tokenizer = load_model(model_dir)
+    groups = TransformersSampler(model, tokenizer, logprobs=True).sample(
+        [t["messages"] for t in tasks], samples, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        tools=[t.get("tools") for t in tasks])
+    sampled = [(task, c) for task, group in zip(tasks, groups, strict=True) for c in group]
+    scores = reward([task for task, _ in sampled], [c.text for _, c in sampled])
     records, reports = [], []
-    for s, score in zip(sampled, scores, strict=True):
+    for (task, completion), score in zip(sampled, scores, strict=True):
         record_id = f"rec_{uuid.UUID(int=rng.getrandbits(128)).hex}"
         now = utcnow()
-        records.append(to_record(s, record_id, name, release, now))
+        records.append(to_record(task, completion, record_id, name, release, now))
         if score.value is None:
             continue
-        metadata = {"task_id": s.task["task_id"]} if "task_id" in s.task else {}
+        metadata = {"task_id": task["task_id"]} if "task_id" in task else {}
         reports.append(Report(report_id=f"rep_{record_id[4:]}", scenario=name, record_ids=[record_id],
                               score=score.value, feedback=score.feedback, metadata_json=json.dumps(metadata),
                               created_at=now, content_hash=sha256_json([record_id, score.value])))

@@ -130,7 +130,7 @@ async def _one_agent(
     while not state.done:
         raw = await client.chat.completions.with_raw_response.create(
             model=model, messages=state.messages, max_tokens=max_tokens, temperature=temperature,  # type: ignore[arg-type]
-            extra_headers={"x-reef-session": session_id}, **extra,  # type: ignore[arg-type]
+            extra_headers={"x-reef-session": session_id}, **extra,
         )
         record_ids.append(raw.headers["x-reef-agent-record-id"])
         summary.requests += 1

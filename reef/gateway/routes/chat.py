@@ -14,7 +14,9 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from reef.experience.schema import Record, RecordRow, sha256_json, utcnow
+from reef.core.clock import utcnow
+from reef.core.hashing import sha256_json
+from reef.experience.schema import Record, RecordRow
 from reef.gateway import auth
 from reef.gateway.recorder import Exchange, record_row
 from reef.gateway.routes.harness import served_body
@@ -222,7 +224,7 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
             if stream:
                 batches = await st.upstream.stream_chat(up_body)
                 # vLLM adds a request to its engine when its stream starts: the first chunk proves it.
-                first = await anext(batches, [])
+                first: list[bytes] = await anext(batches, [])
                 st.hold.exit()
                 holding = False
                 relay = _relay(st, exchange, _prepend(first, batches), wants, started)

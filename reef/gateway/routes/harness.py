@@ -8,11 +8,11 @@ and harness together, and its record says which harness (`harness_id`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
+from reef.core.paths import DataDir
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire.contract import errors
 from reef.gateway.wire.errors import ReefError
@@ -51,7 +51,7 @@ def _release(st: GatewayState, scenario: str, release_id: str | None) -> Release
     with no harness): a GET never creates a chain."""
     if st.publisher is None or st.publisher.disabled:
         raise ReefError(503, "releases are not available on this server", code="releases_unavailable")
-    if not (Path(st.config.data_dir) / "releases" / scenario / CHAIN_FILE).is_file():
+    if not (DataDir(st.config.data_dir).releases(scenario) / CHAIN_FILE).is_file():
         if release_id in (None, f"{scenario}@r0"):
             return None
         raise ReefError(404, f"no release {release_id} in scenario {scenario}", param="release_id", code="not_found")

@@ -17,7 +17,9 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reef.config import ApiKey
-from reef.experience.schema import Report, sha256_json, utcnow
+from reef.core.clock import utcnow
+from reef.core.hashing import sha256_json
+from reef.experience.schema import Report
 from reef.gateway import auth
 from reef.gateway.state import get_state
 from reef.gateway.wire import headers as h
@@ -28,7 +30,7 @@ router = APIRouter()
 
 
 # What _names_records checks, in the document too: a record id, a non-empty list of them, or a session.
-_NAMES_A_RECORD = {"anyOf": [
+_NAMES_A_RECORD: dict[str, Any] = {"anyOf": [
     {"required": ["agent_record_id"], "properties": {"agent_record_id": {"type": "string"}}},
     {"required": ["references"], "properties": {"references": {"type": "array", "minItems": 1}}},
     {"required": ["session_id"], "properties": {"session_id": {"type": "string"}}},

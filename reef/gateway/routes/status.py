@@ -49,7 +49,7 @@ async def status(request: Request) -> dict[str, Any]:
         if st.publisher is not None and not st.publisher.disabled:
             scenarios[name]["serving"] = st.publisher.serving(name)
         st.metrics.unflushed.labels(name).set(scenarios[name]["unflushed_records"])
-    engine = st.engine.describe() if st.engine else {"managed": False}
+    engine: dict[str, Any] = st.engine.describe() if st.engine else {"managed": False}
     engine.update({"url": st.upstream.base_url, "healthy": await st.upstream.healthy()})
     return {
         "uptime_s": round(time.time() - st.started_at, 3),

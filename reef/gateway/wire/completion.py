@@ -122,7 +122,7 @@ def client_json(raw: bytes, wants: ClientWants, model: str) -> bytes:
     client did not ask for taken out, every other value passed through as the server wrote it.
     Call after `read_response`, which has checked the shape."""
     try:
-        out = _RAW_OBJECT.decode(raw)
+        out: dict[str, Any] = _RAW_OBJECT.decode(raw)
         if "model" in out:
             out["model"] = model
         if not wants.token_ids:

@@ -164,13 +164,14 @@ def _integral(value: Any) -> Any:
 JSONInt = Annotated[int, BeforeValidator(_integral)]
 
 
-def _bounded(ge: int, le: int) -> Any:
-    # Bounds before the validator and inside the annotation: on `JSONInt | None = Field(ge=...)` pydantic
-    # writes them into the OpenAPI document as "ge"/"le", which JSON Schema ignores, so schemathesis
-    # took 0 for a valid token count and Reef's 400 failed its acceptance check.
-    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
+# Bounds before the validator and inside the annotation: on `JSONInt | None = Field(ge=...)` pydantic
+# writes them into the OpenAPI document as "ge"/"le", which JSON Schema ignores, so schemathesis
+# took 0 for a valid token count and Reef's 400 failed its acceptance check.
+_Choices = Annotated[int, Field(ge=1, le=128), BeforeValidator(_integral)]
+_TopLogprobs = Annotated[int, Field(ge=0, le=20), BeforeValidator(_integral)]
+_Tokens = Annotated[int, Field(ge=1, le=_INT32), BeforeValidator(_integral)]
 # A tool_choice other than null needs tools (OpenAI and vLLM both refuse it otherwise).
-_CHOICE_NEEDS_TOOLS = {
+_CHOICE_NEEDS_TOOLS: dict[str, Any] = {
     "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
     "then": {"required": ["tools"], "properties": {"tools": {"type": "array"}}},
 }
@@ -185,13 +186,13 @@ class ChatCompletionRequest(_Open):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: _bounded(1, 128) | None = None
+    n: _Choices | None = None
     logprobs: bool | None = None
-    top_logprobs: _bounded(0, 20) | None = None
+    top_logprobs: _TopLogprobs | None = None
     return_token_ids: bool | None = Field(default=None, description="vLLM: the prompt's and each choice's token ids")
     # Bounded so the stored int64 column (and any JSON parser) holds them exactly.
-    max_tokens: _bounded(1, _INT32) | None = None
-    max_completion_tokens: _bounded(1, _INT32) | None = None
+    max_tokens: _Tokens | None = None
+    max_completion_tokens: _Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     tools: list[Tool] | None = None

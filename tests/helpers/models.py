@@ -1,12 +1,12 @@
-"""Helpers shared by the recipe and DVC pipeline tests."""
+"""Private copies of the default tiny model, for tests that train it or load it with other settings."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "data" / "models" / "tiny"
+from tests.helpers import TINY
+
 READY = TINY / "reef-model.json"  # written last by `reef.model.tiny.build_tiny`
 
 

@@ -12,7 +12,8 @@ import openai
 
 from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
-from reef.sampling.transformers import load_model, replies
+from reef.sampling.load import load_model
+from reef.sampling.transformers import TransformersSampler
 from reef.traffic.offline import record_offline_traffic
 
 
@@ -31,8 +32,8 @@ def train_candidates(tiny: Path, work: Path, specs: dict[str, dict[str, Any]]) -
 def greedy(model_dir: Path, prompts: list[list[dict[str, str]]], max_tokens: int = 8) -> list[str]:
     """What a model folder or candidate answers at temperature 0 (transformers, fp32)."""
     model, tokenizer = load_model(model_dir)
-    return [r[0] for r in replies(model, tokenizer, prompts, samples=1, temperature=0.0, seed=0,
-                                  max_new_tokens=max_tokens)]
+    return [r[0].text for r in TransformersSampler(model, tokenizer).sample(prompts, 1, max_new_tokens=max_tokens,
+                                                                            temperature=0.0, seed=0)]
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from reef.core.paths import DEFAULT_DATA_DIR
 from reef.scenario.schema import Policy, RecipeSpec, Scenario
 
 DEFAULT_CONFIG_FILE = Path("serve.yaml")
@@ -139,7 +140,7 @@ class ReleaseConfig(_Strict):
 class ServeConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8900, ge=0, le=65535)
-    data_dir: Path = Path("data")
+    data_dir: Path = DEFAULT_DATA_DIR
     model: str | None = Field(
         default=None, description="HF model id or local path; unset: the embedded tiny model"
     )

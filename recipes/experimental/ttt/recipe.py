@@ -37,7 +37,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.policy_gradient import policy_gradient_loss
 from reef.recipe.practice import find_task
-from reef.sampling.rollout import Rollout, sample_tasks
+from reef.sampling.completion import Completion
+from reef.sampling.rollout import sample_tasks
 from reef.scenario import RewardFn, Task, environment_for, reward_for
 from reef.scenario.reward import function_reward
 
@@ -94,7 +95,7 @@ class TTT(Recipe):
                                       weight_decay=0.0)
         # text -> entry; a solution found again counts as a hit, not a new entry
         archive: dict[str, dict[str, Any]] = {}
-        rollouts: dict[str, Rollout] = {}
+        rollouts: dict[str, Completion] = {}
         history: list[dict[str, Any]] = []
         start = time.monotonic()
         model.train()

@@ -41,7 +41,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from reef.recipe import Recipe, RecipeConfig, Snapshot
 from reef.recipe.policy_gradient import group_advantages, policy_gradient_loss
 from reef.recipe.practice import describe, practice_tasks
-from reef.sampling.rollout import chat_prompt_ids, sample_tasks
+from reef.sampling.rollout import sample_tasks
+from reef.sampling.transformers import chat_prompt_ids
 from reef.scenario import Task, environment_for, reward_for
 
 PROPOSER_SYSTEM = "You choose the next problem to practise: one you solve sometimes, but not always."

@@ -1,0 +1,43 @@
+"""Reef's config language: one pydantic schema for `serve.yaml` (reef.config.serve) and `params.yaml`
+(reef.config.params), both strict, so an unknown key is an error naming it."""
+
+from reef.config.params import (
+    BaseModelParams,
+    DemoTrafficParams,
+    EvaluateParams,
+    ExperienceParams,
+    GateSettings,
+    ParamsError,
+    PipelineParams,
+    SourceParams,
+    TrainParams,
+    parse_overrides,
+)
+from reef.config.serve import (
+    CONFIG_FILE_ENV,
+    DEFAULT_CONFIG_FILE,
+    DEFAULT_TINY_MODEL,
+    ENV_PREFIX,
+    ApiKey,
+    ConfigError,
+    EngineConfig,
+    LearnerConfig,
+    LimitsConfig,
+    ReleaseConfig,
+    ScenarioConfig,
+    ServeConfig,
+    StoreConfig,
+    UpstreamConfig,
+    describe,
+    env_overrides,
+    load_file,
+    resolve,
+)
+
+__all__ = [
+    "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_TINY_MODEL", "ENV_PREFIX", "ApiKey", "BaseModelParams",
+    "ConfigError", "DemoTrafficParams", "EngineConfig", "EvaluateParams", "ExperienceParams", "GateSettings",
+    "LearnerConfig", "LimitsConfig", "ParamsError", "PipelineParams", "ReleaseConfig", "ScenarioConfig",
+    "ServeConfig", "SourceParams", "StoreConfig", "TrainParams", "UpstreamConfig", "describe", "env_overrides",
+    "load_file", "parse_overrides", "resolve",
+]

@@ -1,0 +1,36 @@
+"""The one model loader: a model folder, a recipe's candidate folder (a LoRA candidate runs on the base
+model its candidate.json names), or a base model with an adapter; for sampling or for training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import cast
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from reef.core.paths import CANDIDATE_FILE
+
+
+def load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(path: Path | str, adapter: Path | str | None = None, *, trainable: bool = False,
+               dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model in `path` and its tokenizer. A LoRA candidate folder (given without `adapter`) is
+    loaded as its base model with itself as the adapter. For sampling (the default) the adapter is
+    merged in and the model is in eval mode; `trainable` keeps the adapter a trainable PEFT model."""
+    path = Path(path)
+    meta = json.loads((path / CANDIDATE_FILE).read_text()) if (path / CANDIDATE_FILE).is_file() else {}
+    if adapter is None and meta.get("kind") == "lora":
+        path, adapter = Path(meta["lineage"]["base_model"]), path
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if adapter is not None:
+        from peft import PeftModel
+
+        peft = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+        # A PeftModel forwards what it does not define to the model it wraps.
+        model = cast(PreTrainedModel, peft) if trainable else cast(PreTrainedModel, peft.merge_and_unload())
+    return (model if trainable else model.eval()), load_tokenizer(path)

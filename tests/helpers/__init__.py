@@ -1,0 +1,19 @@
+"""What the test files share, so that none imports another: common paths and names here, the rest by concern."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "data" / "models" / "tiny"
+MODEL_NAME = "reef-tiny"  # the name the session's vLLM serves its checkpoint under
+ARTIFACTS = REPO / "test-artifacts"
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
