@@ -40,7 +40,8 @@ from reef.gateway.wire.contract import (
     errors,
     parse_chat,
 )
-from reef.gateway.wire.errors import ReefError
+from reef.gateway.wire.dialect import context_overflow
+from reef.gateway.wire.errors import ReefError, log
 from reef.registry.schema import ADAPTER_PREFIX
 
 router = APIRouter()
@@ -140,10 +141,11 @@ async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: 
     return record
 
 
-_RECEIPT = {"x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}},
-            "x-reef-release-id": {"description": "the release (weights and harness) that answered",
-                                  "schema": {"type": "string"}}}
-_LINKS = {  # the stateful fuzzing phase follows these from a chat call to its record and reports
+RESPONSE_RECEIPT = {
+    "x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}},
+    "x-reef-release-id": {"description": "the release (weights and harness) that answered",
+                          "schema": {"type": "string"}}}
+RESPONSE_LINKS = {  # the stateful fuzzing phase follows these from a chat call to its record and reports
     "GetRecord": {"operationId": "get_record", "parameters": {"record_id": "$response.header.x-reef-agent-record-id"}},
     "Report": {"operationId": "report", "requestBody": {"agent_record_id": "$response.header.x-reef-agent-record-id",
                                                         "score": 1.0}},
@@ -153,7 +155,7 @@ _LINKS = {  # the stateful fuzzing phase follows these from a chat call to its r
 @router.post(
     "/v1/chat/completions", operation_id="chat_completions", response_class=Response,
     responses={200: {"description": "the completion (JSON), or its SSE stream ending with the receipt event",
-                     "headers": _RECEIPT, "links": _LINKS,
+                     "headers": RESPONSE_RECEIPT, "links": RESPONSE_LINKS,
                      "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
                                  "text/event-stream": {"schema": {"type": "string"}}}},
                **errors(400, 401, 403, 404, 409, 502, 503, 507)},
@@ -166,10 +168,18 @@ async def chat_completions(request: Request) -> Response:
 
 async def serve_chat(st: GatewayState, request: Request) -> Response:
     started = time.perf_counter()
-    created_at = utcnow()
     scenario = h.scenario_of(request)
     auth.data_key(st.config, request, scenario)
-    body = _parse(await request.body())
+    return await serve_body(st, request, _parse(await request.body()), scenario, started)
+
+
+async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], scenario: str, started: float,
+                     dialect: str | None = None) -> Response:
+    """Serve and record one chat completion body, already authorised and validated. The other
+    dialects (`reef.gateway.routes.responses`, `.messages`) translate their requests into such a body
+    and come through here too: one recording path, so their records are token-exact chat records.
+    `dialect`: the client's API when it was not chat completions, kept in the record's `params_json`."""
+    created_at = utcnow()
     assert st.admission is not None
     st.admission.admit(scenario)
     engine_down(st)  # after the client's own mistakes, which are 4xx even while the engine restarts
@@ -210,7 +220,7 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
             created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
             tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
             has_token_ids=st.upstream.token_ids, harness_id=harness_id, sent_messages=sent["messages"],
-            prefix_hash=prefixes[-1],
+            prefix_hash=prefixes[-1], dialect=dialect,
         )
         if pick.arm is not None:
             st.canaries.assign(record_id, scenario, pick.arm)
@@ -240,6 +250,13 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
         except UpstreamError as exc:
             st.inflight.finish(record_id, False)
             st.metrics.requests.labels(scenario, str(exc.status)).inc()
+            overflow = context_overflow(exc.status, exc.body)
+            if overflow is not None:
+                # Refused, never truncated: nothing of it becomes experience; counted and logged.
+                kind = dialect or "chat_completions"
+                st.context_refused[kind] = st.context_refused.get(kind, 0) + 1
+                log.info("refused %s (%s, scenario %s): prompt of %s tokens over the context of %s", record_id,
+                         kind, scenario, overflow.prompt_tokens, overflow.limit)
             # Passed through as the engine wrote it; the header says who refused the request.
             return Response(exc.body, status_code=exc.status, media_type="application/json",
                             headers={h.ERROR_SOURCE: "upstream"})
