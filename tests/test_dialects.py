@@ -161,8 +161,9 @@ def test_messages_json_and_stream_with_a_tool_round_trip(gateway: Gateway, vllm_
     system = [{"type": "text", "text": INSTRUCTIONS, "cache_control": {"type": "ephemeral"}}]
     first = [{"role": "user", "content": [{"type": "text", "text": ASK}]}]
     raw = client.messages.with_raw_response.create(
-        model=MODEL_NAME, system=system, messages=first, tools=ANTHROPIC_TOOLS, max_tokens=48, temperature=0,
-        metadata={"user_id": "u"}, extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
+        model=MODEL_NAME, system=system, messages=first, tools=ANTHROPIC_TOOLS, max_tokens=48,
+        extra_body={"temperature": 0}, metadata={"user_id": "u"},
+        extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
     message = raw.parse()
     record_id = raw.headers["x-reef-agent-record-id"]
     assert message.stop_reason == "tool_use" and message.id == "msg_" + record_id.removeprefix("rec_")
@@ -171,7 +172,7 @@ def test_messages_json_and_stream_with_a_tool_round_trip(gateway: Gateway, vllm_
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
 
     with client.messages.stream(model=MODEL_NAME, system=system, messages=first, tools=ANTHROPIC_TOOLS,
-                                max_tokens=48, temperature=0) as stream:
+                                max_tokens=48, extra_body={"temperature": 0}) as stream:
         events = list(stream)
         final = stream.get_final_message()
     kinds = [e.type for e in events]
@@ -194,7 +195,8 @@ def test_messages_json_and_stream_with_a_tool_round_trip(gateway: Gateway, vllm_
                                                          "input": use.input}]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT}]}]
     raw2 = client.messages.with_raw_response.create(
-        model=MODEL_NAME, system=system, messages=second, tools=ANTHROPIC_TOOLS, max_tokens=32, temperature=0)
+        model=MODEL_NAME, system=system, messages=second, tools=ANTHROPIC_TOOLS, max_tokens=32,
+        extra_body={"temperature": 0})
     answer = raw2.parse()
     assert answer.content and answer.content[0].type == "text" and answer.stop_reason in ("end_turn", "max_tokens")
     rec2 = _record(gateway, raw2.headers["x-reef-agent-record-id"])
@@ -222,8 +224,8 @@ def test_messages_errors_are_anthropic_errors(gateway: Gateway, make_gateway) ->
     assert httpx.get(f"{gateway.url}/reef/status").json()["context_refused"].get("messages", 0) >= 1
 
     # api_keys: Anthropic's x-api-key works as a bearer token does; a wrong one is Anthropic's 401.
-    keyed = make_gateway("keyed", env={"REEF_API_KEYS": json.dumps([{"key": "sk-test"}])}).start()
-    ok = _anthropic(keyed, "messages", api_key="sk-test").messages.create(
+    keyed = make_gateway("keyed", env={"REEF_API_KEYS": json.dumps([{"key": "sk-test-key-1"}])}).start()
+    ok = _anthropic(keyed, "messages", api_key="sk-test-key-1").messages.create(
         model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert ok.type == "message"
     with pytest.raises(anthropic.AuthenticationError) as denied:
