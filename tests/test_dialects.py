@@ -232,3 +232,32 @@ def test_messages_errors_are_anthropic_errors(gateway: Gateway, make_gateway) ->
         _anthropic(keyed, "messages", api_key="wrong").messages.create(
             model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert denied.value.body["error"]["type"] == "authentication_error"
+
+
+def test_capture_off_serves_every_dialect_and_records_nothing(gateway: Gateway, make_gateway) -> None:
+    off = {"x-reef-capture": "false", "x-reef-scenario": "uncaptured"}
+    chat = gateway.client(**off).chat.completions.with_raw_response.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert chat.headers["x-reef-captured"] == "false" and "x-reef-agent-record-id" not in chat.headers
+    assert chat.parse().choices[0].message.content is not None
+    with gateway.client(**off).responses.with_streaming_response.create(
+            model=MODEL_NAME, input="hi", max_output_tokens=4, stream=True) as resp:
+        assert resp.headers["x-reef-captured"] == "false" and "x-reef-agent-record-id" not in resp.headers
+        events = list(resp.parse())
+    assert events[-1].type == "response.completed" and not (events[-1].model_extra or {}).get("agent_record_id")
+    message = _anthropic(gateway, "uncaptured").messages.with_raw_response.create(
+        model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "hi"}], extra_headers=off)
+    assert message.headers["x-reef-captured"] == "false" and message.parse().type == "message"
+    assert "uncaptured" not in httpx.get(f"{gateway.url}/reef/status").json()["scenarios"]
+
+    # `limits.allow_uncaptured: false` refuses it, in each dialect's shape; a receipt cannot go with it.
+    strict = make_gateway("strict", env={"REEF_LIMITS__ALLOW_UNCAPTURED": "false"}).start()
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        strict.client(**off).responses.create(model=MODEL_NAME, input="hi", max_output_tokens=4)
+    assert denied.value.body["param"] == "x-reef-capture"
+    with pytest.raises(anthropic.PermissionDeniedError):
+        _anthropic(strict, "uncaptured").messages.create(
+            model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "hi"}], extra_headers=off)
+    with pytest.raises(openai.BadRequestError):
+        gateway.client(**off, **{"x-reef-agent-record-id": "r1"}).chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)

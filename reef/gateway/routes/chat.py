@@ -181,6 +181,8 @@ async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], s
     `dialect`: the client's API when it was not chat completions, kept in the record's `params_json`."""
     created_at = utcnow()
     assert st.admission is not None
+    if not h.capture_of(request):
+        return await _uncaptured(st, request, body, scenario)
     st.admission.admit(scenario)
     engine_down(st)  # after the client's own mistakes, which are 4xx even while the engine restarts
     # How the answer is delivered is not part of the request's identity: a retry of a broken stream
@@ -266,6 +268,75 @@ async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], s
     finally:
         if holding:
             st.hold.exit()
+
+
+_UNCAPTURED = [(h.CAPTURED.encode(), b"false")]
+
+
+async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], scenario: str) -> Response:
+    """`x-reef-capture: false`: the call served on the scenario's route and harness, nothing recorded
+    (no record, no receipt, no session, no canary assignment); the answer says so in a header."""
+    if not st.config.limits.allow_uncaptured:
+        raise ReefError(403, f"this server records every call: {h.CAPTURE}: false is not allowed (limits)",
+                        param=h.CAPTURE, code="capture_required")
+    if request.headers.get(h.RECORD_ID) is not None:
+        raise ReefError(400, f"{h.RECORD_ID} names a record, and {h.CAPTURE}: false records nothing",
+                        param=h.RECORD_ID)
+    engine_down(st)
+    client_model = body.get("model") or st.config.model_name
+    await st.hold.enter()
+    holding = True
+    try:
+        pick = st.routes.pick(scenario)
+        upstream_model = pick.model if client_model in (st.config.model_name, pick.model) else client_model
+        if upstream_model.startswith(ADAPTER_PREFIX) and upstream_model != pick.model:
+            raise ReefError(404, f"model {client_model!r} is a release adapter; ask for {st.config.model_name!r}",
+                            param="model", code="model_not_found")
+        _, sent = served_body(st, scenario, pick.harness_id, body)
+        up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids,
+                                          st.config.limits.default_max_tokens)
+        release = (_RELEASE_ID, pick.release_id.encode("latin-1"))
+        try:
+            if body.get("stream"):
+                batches = await st.upstream.stream_chat(up_body)
+                st.hold.exit()
+                holding = False
+                return StreamingResponse(_pass(batches, wants, client_model), media_type="text/event-stream",
+                                         headers={h.CAPTURED: "false", h.RELEASE_ID: pick.release_id,
+                                                  "cache-control": "no-cache"})
+            raw = await st.upstream.chat(up_body)
+            st.hold.exit()
+            holding = False
+            read_response(raw)
+            return _JsonResponse(client_json(raw, wants, client_model), [release, *_UNCAPTURED])
+        except UpstreamError as exc:
+            return Response(exc.body, status_code=exc.status, media_type="application/json",
+                            headers={h.ERROR_SOURCE: "upstream", h.CAPTURED: "false"})
+    finally:
+        if holding:
+            st.hold.exit()
+
+
+async def _pass(batches: AsyncIterator[list[bytes]], wants: ClientWants, model: str) -> AsyncIterator[bytes]:
+    """An uncaptured stream relayed as the client asked for it; nothing is kept of it."""
+    try:
+        async for lines in batches:
+            out = []
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    out.append(b"data: [DONE]\n\n")
+                    continue
+                chunk = orjson.loads(data)
+                relayed = chunk if "error" in chunk else for_client(chunk, wants, model)
+                if relayed is not None:
+                    out.append(_sse(relayed))
+            if out:
+                yield b"".join(out)
+    finally:
+        await batches.aclose()  # type: ignore[attr-defined]
 
 
 def engine_down(st: GatewayState) -> None:

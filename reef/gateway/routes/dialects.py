@@ -34,7 +34,7 @@ from reef.gateway.wire.dialect import (
 )
 from reef.gateway.wire.errors import ReefError, log, store_error_response
 
-_KEPT = (h.RECORD_ID, h.RELEASE_ID, h.REPLAYED, h.ERROR_SOURCE, "retry-after")
+_KEPT = (h.RECORD_ID, h.RELEASE_ID, h.REPLAYED, h.ERROR_SOURCE, h.CAPTURED, "retry-after")
 
 
 class Dialect(Protocol):
@@ -44,9 +44,9 @@ class Dialect(Protocol):
 
     def to_chat(self, req: Any, default_model: str) -> dict[str, Any]: ...
 
-    def from_chat(self, chat: dict[str, Any], req: Any, record_id: str) -> dict[str, Any]: ...
+    def from_chat(self, chat: dict[str, Any], req: Any, record_id: str | None) -> dict[str, Any]: ...
 
-    def stream(self, req: Any, record_id: str, model: str) -> StreamTranslator: ...
+    def stream(self, req: Any, record_id: str | None, model: str) -> StreamTranslator: ...
 
     def error(self, status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]: ...
 
@@ -89,14 +89,14 @@ async def serve_dialect(st: GatewayState, request: Request, d: Dialect) -> Respo
 def _translate(d: Dialect, req: Any, served: Response, model: str) -> Response:
     headers = _kept(served)
     if isinstance(served, StreamingResponse):
-        record_id = served.headers[h.RECORD_ID]
+        record_id = served.headers.get(h.RECORD_ID)  # none: not recorded (x-reef-capture: false)
         body: AsyncIterator[bytes] = served.body_iterator  # type: ignore[assignment]
         return StreamingResponse(translate_stream(body, d.stream(req, record_id, model)),
                                  media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
     raw = bytes(served.body)
     if served.status_code == 200:
-        return Response(orjson.dumps(d.from_chat(orjson.loads(raw), req, served.headers[h.RECORD_ID])),
+        return Response(orjson.dumps(d.from_chat(orjson.loads(raw), req, served.headers.get(h.RECORD_ID))),
                         media_type="application/json", headers=headers)
     overflow = context_overflow(served.status_code, raw)  # counted by serve_body
     if overflow is not None:

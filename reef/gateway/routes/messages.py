@@ -36,7 +36,7 @@ class MessagesDialect:
     from_chat = staticmethod(wire.from_chat)
 
     @staticmethod
-    def stream(req: Any, record_id: str, model: str) -> StreamTranslator:
+    def stream(req: Any, record_id: str | None, model: str) -> StreamTranslator:
         return wire.MessagesStream(req, record_id, model)
 
     @staticmethod
@@ -65,7 +65,7 @@ _ANTHROPIC_HEADERS = [
                      "headers": RESPONSE_RECEIPT, "links": RESPONSE_LINKS,
                      "content": {"application/json": {"schema": {"type": "object"}},
                                  "text/event-stream": {"schema": {"type": "string"}}}},
-               **errors(400, 401, 403, 404, 409, 502, 503, 507)},
+               **errors(400, 401, 403, 404, 409, 502, 503, 507, model=wire.AnthropicError)},
     openapi_extra={**body(wire.MessagesRequest),
                    "parameters": [SCENARIO_HEADER, *RECORD_HEADERS, *_ANTHROPIC_HEADERS], **DATA_PLANE},
 )
@@ -84,7 +84,7 @@ def _estimate(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> in
     responses={200: {"description": "`{\"input_tokens\": N}`, counted by the model server's tokenizer and "
                                     "chat template (`x-reef-token-count: estimate` when it has no /tokenize)",
                      "content": {"application/json": {"schema": {"type": "object"}}}},
-               **errors(400, 401, 403, 503)},
+               **errors(400, 401, 403, 503, model=wire.AnthropicError)},
     openapi_extra={**body(wire.CountTokensRequest), "parameters": [SCENARIO_HEADER, *_ANTHROPIC_HEADERS],
                    **DATA_PLANE},
 )

@@ -31,7 +31,7 @@ class ResponsesDialect:
     from_chat = staticmethod(wire.from_chat)
 
     @staticmethod
-    def stream(req: Any, record_id: str, model: str) -> StreamTranslator:
+    def stream(req: Any, record_id: str | None, model: str) -> StreamTranslator:
         return wire.ResponsesStream(req, record_id, model)
 
     @staticmethod

@@ -69,7 +69,7 @@ def event(name: str, payload: dict[str, Any]) -> bytes:
 class StreamTranslator(Protocol):
     def feed(self, chunk: dict[str, Any]) -> list[bytes]: ...
 
-    def finish(self, record_id: str) -> list[bytes]: ...
+    def finish(self, record_id: str | None) -> list[bytes]: ...
 
     def fail(self, error: dict[str, Any]) -> list[bytes]: ...
 
@@ -78,7 +78,9 @@ async def translate_stream(chat: AsyncIterator[bytes], out: StreamTranslator) ->
     """The chat relay's SSE bytes (`data: {chunk}` events, then the receipt chunk) as a dialect's events.
 
     The relay is closed when this is, so a client that goes away mid-stream still leaves its
-    record behind (the relay records what was generated when it is closed early)."""
+    record behind (the relay records what was generated when it is closed early). An uncaptured
+    call (`x-reef-capture: false`) has no receipt: its stream ends when the relay's does."""
+    ended = False
     try:
         async for data in chat:
             batch: list[bytes] = []
@@ -90,13 +92,17 @@ async def translate_stream(chat: AsyncIterator[bytes], out: StreamTranslator) ->
                     continue
                 chunk = orjson.loads(payload)
                 if "error" in chunk:  # the engine failed mid-stream: no receipt follows
+                    ended = True
                     batch += out.fail(chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk)})
                 elif "agent_record_id" in chunk:  # the relay's receipt: the record is durable
+                    ended = True
                     batch += out.finish(chunk["agent_record_id"])
                 else:
                     batch += out.feed(chunk)
             if batch:
                 yield b"".join(batch)
+        if not ended:
+            yield b"".join(out.finish(None))
     finally:
         await chat.aclose()  # type: ignore[attr-defined]
 

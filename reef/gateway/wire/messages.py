@@ -11,14 +11,16 @@ any other field, and the `anthropic-version`/`anthropic-beta` headers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reef.gateway.wire import headers
 from reef.gateway.wire.dialect import ContextOverflow, event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
 
+PATH_PREFIX = "/v1/messages"  # the message calls and count_tokens
 _STOP = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
@@ -41,6 +43,18 @@ class MessagesRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
     stream: bool | None = None
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Every error of the Messages API routes: Anthropic's shape."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
 
 
 class CountTokensRequest(BaseModel):
@@ -207,8 +221,9 @@ def to_chat(req: MessagesRequest, default_model: str) -> dict[str, Any]:
 # --- the answer --------------------------------------------------------------------------------
 
 
-def message_id(record_id: str) -> str:
-    return "msg_" + record_id.removeprefix("rec_")
+def message_id(record_id: str | None) -> str:
+    # From the record id: a replayed retry answers with the same message id. (None: not recorded.)
+    return "msg_" + (record_id or headers.new_id("unrecorded")).removeprefix("rec_")
 
 
 def _input(arguments: str) -> dict[str, Any]:
@@ -226,7 +241,7 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
-def from_chat(chat: dict[str, Any], req: MessagesRequest, record_id: str) -> dict[str, Any]:
+def from_chat(chat: dict[str, Any], req: MessagesRequest, record_id: str | None) -> dict[str, Any]:
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
@@ -238,7 +253,8 @@ def from_chat(chat: dict[str, Any], req: MessagesRequest, record_id: str) -> dic
                         "input": _input(fn.get("arguments") or "")})
     return {"id": message_id(record_id), "type": "message", "role": "assistant", "model": chat.get("model", req.model),
             "content": content, "stop_reason": _STOP.get(choice.get("finish_reason") or "stop", "end_turn"),
-            "stop_sequence": None, "usage": _usage(chat.get("usage")), "agent_record_id": record_id}
+            "stop_sequence": None, "usage": _usage(chat.get("usage")),
+            **({"agent_record_id": record_id} if record_id is not None else {})}
 
 
 class MessagesStream:
@@ -246,7 +262,7 @@ class MessagesStream:
 
     Anthropic's content blocks come one after another: a block is closed when the next opens."""
 
-    def __init__(self, req: MessagesRequest, record_id: str, model: str) -> None:
+    def __init__(self, req: MessagesRequest, record_id: str | None, model: str) -> None:
         self.id, self.model = message_id(record_id), model
         self.started = False
         self.blocks = 0  # blocks opened so far; the open one is the last
@@ -302,7 +318,7 @@ class MessagesStream:
                 self.finish_reason = choice["finish_reason"]
         return out
 
-    def finish(self, record_id: str) -> list[bytes]:
+    def finish(self, record_id: str | None) -> list[bytes]:
         out = self._start() + self._close()
         stop = _STOP.get(self.finish_reason or "stop", "end_turn")
         usage = _usage(self.usage)
@@ -310,7 +326,8 @@ class MessagesStream:
                                            "delta": {"stop_reason": stop, "stop_sequence": None},
                                            "usage": {"input_tokens": usage["input_tokens"],
                                                      "output_tokens": usage["output_tokens"]}}))
-        out.append(event("message_stop", {"type": "message_stop", "agent_record_id": record_id}))
+        receipt = {"agent_record_id": record_id} if record_id is not None else {}
+        out.append(event("message_stop", {"type": "message_stop", **receipt}))
         return out
 
     def fail(self, error: dict[str, Any]) -> list[bytes]:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reef.gateway.wire import headers
 from reef.gateway.wire.dialect import event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
 
@@ -177,9 +178,9 @@ def to_chat(req: ResponsesRequest, default_model: str) -> dict[str, Any]:
 # --- the answer --------------------------------------------------------------------------------
 
 
-def response_id(record_id: str) -> str:
-    # From the record id: a replayed retry answers with the same response id.
-    return "resp_" + record_id.removeprefix("rec_")
+def response_id(record_id: str | None) -> str:
+    # From the record id: a replayed retry answers with the same response id. (None: not recorded.)
+    return "resp_" + (record_id or headers.new_id("unrecorded")).removeprefix("rec_")
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -220,27 +221,28 @@ def _finish(shell: dict[str, Any], finish_reason: str | None, usage: dict[str, A
     shell["usage"] = _usage(usage)
 
 
-def from_chat(chat: dict[str, Any], req: ResponsesRequest, record_id: str) -> dict[str, Any]:
+def from_chat(chat: dict[str, Any], req: ResponsesRequest, record_id: str | None) -> dict[str, Any]:
     """A chat completion (as the client would have got it) as a Responses API response."""
     shell = _shell(req, record_id, chat.get("model", ""), int(chat.get("created") or time.time()), "completed")
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    base = response_id(record_id).removeprefix("resp_")
+    base = shell["id"].removeprefix("resp_")
     if message.get("content") or not message.get("tool_calls"):
         shell["output"].append(_message_item(f"msg_{base}", message.get("content") or ""))
     for n, call in enumerate(message.get("tool_calls") or ()):
         shell["output"].append(_call_item(f"fc_{base}_{n}", call))
     _finish(shell, choice.get("finish_reason"), chat.get("usage"))
-    shell["agent_record_id"] = record_id
+    if record_id is not None:
+        shell["agent_record_id"] = record_id
     return shell
 
 
 class ResponsesStream:
     """Chat chunks in, the Responses event sequence out; the receipt rides on `response.completed`."""
 
-    def __init__(self, req: ResponsesRequest, record_id: str, model: str) -> None:
+    def __init__(self, req: ResponsesRequest, record_id: str | None, model: str) -> None:
         self.shell = _shell(req, record_id, model, int(time.time()), "in_progress")
-        self.base = response_id(record_id).removeprefix("resp_")
+        self.base = self.shell["id"].removeprefix("resp_")
         self.seq = 0
         self.started = False
         self.items: list[dict[str, Any]] = []  # in output order
@@ -311,7 +313,7 @@ class ResponsesStream:
         return {"type": "function_call", "id": item["id"], "call_id": item["call_id"], "name": item["name"],
                 "arguments": item["arguments"] if arguments is None else arguments, "status": status}
 
-    def finish(self, record_id: str) -> list[bytes]:
+    def finish(self, record_id: str | None) -> list[bytes]:
         out = self._start()
         if not self.items:  # an empty reply is still one (empty) message, as the JSON answer has
             self.text = {"kind": "message", "id": f"msg_{self.base}", "index": 0, "text": ""}
@@ -335,11 +337,12 @@ class ResponsesStream:
                 done = self._call(item, "completed")
             out.append(self._event("response.output_item.done", output_index=item["index"], item=done))
             final.append(done)
-        response = {**self.shell, "output": final, "agent_record_id": record_id}
+        receipt = {"agent_record_id": record_id} if record_id is not None else {}
+        response = {**self.shell, "output": final, **receipt}
         _finish(response, self.finish_reason, self.usage)
         # Always `response.completed` (status "incomplete" when cut at max_output_tokens): agents and
         # the SDKs' stream helpers treat any other final event as a failed turn.
-        out.append(self._event("response.completed", response=response, agent_record_id=record_id))
+        out.append(self._event("response.completed", response=response, **receipt))
         return out
 
     def fail(self, error: dict[str, Any]) -> list[bytes]:
