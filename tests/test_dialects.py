@@ -156,7 +156,10 @@ def test_responses_errors_are_openai_errors(gateway: Gateway) -> None:
     assert refused.get("responses", 0) >= 1
 
 
-def test_messages_json_and_stream_with_a_tool_round_trip(gateway: Gateway, vllm_url: str) -> None:
+def test_messages_json_and_stream_with_a_tool_round_trip(make_gateway, vllm_url: str) -> None:
+    # A gateway of its own: the sessions index is the server's, and the Responses test above sent
+    # the same conversation, whose session this one's second turn would continue.
+    gateway = make_gateway("messages").start()
     client = _anthropic(gateway, "messages")
     system = [{"type": "text", "text": INSTRUCTIONS, "cache_control": {"type": "ephemeral"}}]
     first = [{"role": "user", "content": [{"type": "text", "text": ASK}]}]
@@ -248,7 +251,7 @@ def test_capture_off_serves_every_dialect_and_records_nothing(gateway: Gateway, 
     message = _anthropic(gateway, "uncaptured").messages.with_raw_response.create(
         model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "hi"}], extra_headers=off)
     assert message.headers["x-reef-captured"] == "false" and message.parse().type == "message"
-    assert "uncaptured" not in httpx.get(f"{gateway.url}/reef/status").json()["scenarios"]
+    assert httpx.get(f"{gateway.url}/reef/status").json()["scenarios"]["uncaptured"]["records"] == 0
 
     # `limits.allow_uncaptured: false` refuses it, in each dialect's shape; a receipt cannot go with it.
     strict = make_gateway("strict", env={"REEF_LIMITS__ALLOW_UNCAPTURED": "false"}).start()
