@@ -144,7 +144,7 @@ def test_claude_code_print_mode(gw: Gateway, tmp_path: Path) -> None:
         rec = _record(gw, record_id, "claude-code")
         assert json.loads(rec["params_json"])["reef.dialect"] == "messages"
         assert rec["choices"][0]["token_ids"] and rec["prompt_token_ids"]
-        assert [t["name"] for t in rec["tools"]] == ["Bash"]
+        assert "Bash" in {t["name"] for t in rec["tools"]}  # beside Claude Code's own placeholder tool
 
 
 def test_openai_agents_sdk_responses_model_with_a_function_tool(gw: Gateway) -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reef.gateway.wire import headers
 from reef.gateway.wire.dialect import ContextOverflow, event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
+from reef.gateway.wire.responses import ENGINE_EXTRAS
 
 PATH_PREFIX = "/v1/messages"  # the message calls and count_tokens
 _STOP = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
@@ -212,6 +213,8 @@ def to_chat(req: MessagesRequest, default_model: str) -> dict[str, Any]:
                          ("top_k", req.top_k)):
         if theirs is not None:
             body[ours] = theirs
+    extra = req.model_extra or {}
+    body.update({k: extra[k] for k in ENGINE_EXTRAS if k in extra and k != "top_k"})
     if req.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

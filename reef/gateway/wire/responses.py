@@ -27,6 +27,8 @@ from reef.gateway.wire.errors import ReefError, from_validation
 _TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "refusal"}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _SKIPPED_ITEMS = {"reasoning"}
+# vLLM's own sampling extensions (an SDK's `extra_body`), passed on as they are: the engine uses them.
+ENGINE_EXTRAS = ("ignore_eos", "top_k", "min_p", "min_tokens", "seed", "repetition_penalty")
 
 
 class ResponsesRequest(BaseModel):
@@ -163,6 +165,8 @@ def to_chat(req: ResponsesRequest, default_model: str) -> dict[str, Any]:
                          ("top_p", req.top_p), ("user", req.user)):
         if theirs is not None:
             body[ours] = theirs
+    extra = req.model_extra or {}
+    body.update({k: extra[k] for k in ENGINE_EXTRAS if k in extra})
     fmt = (req.text or {}).get("format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
         body["response_format"] = {"type": "json_schema", "json_schema": {
