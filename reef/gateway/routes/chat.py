@@ -201,7 +201,8 @@ async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], s
     client_model = body.get("model") or st.config.model_name
     session_header = request.headers.get(h.SESSION)
     prefixes = prefix_hashes(body["messages"])  # for the session lookup and the record's reply hashes
-    session_id = (h.valid_id(session_header, h.SESSION) if session_header else None) \
+    # An empty header is refused too: it names no session, and the contract says so.
+    session_id = (h.valid_id(session_header, h.SESSION) if session_header is not None else None) \
         or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
 
     # From picking a route until the engine has the request, a full-weight swap must wait for this

@@ -34,6 +34,9 @@ from reef.gateway.wire.dialect import (
 )
 from reef.gateway.wire.errors import ReefError, log, store_error_response
 
+# One event of a dialect's stream, as OpenAPI 3.1 tools parse `text/event-stream` (named events).
+SSE_EVENT = {"type": "object", "required": ["event", "data"],
+             "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
 _KEPT = (h.RECORD_ID, h.RELEASE_ID, h.REPLAYED, h.ERROR_SOURCE, h.CAPTURED, "retry-after")
 
 

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from reef.gateway import auth
 from reef.gateway.routes.chat import RESPONSE_LINKS, RESPONSE_RECEIPT
-from reef.gateway.routes.dialects import serve_dialect
+from reef.gateway.routes.dialects import SSE_EVENT, serve_dialect
 from reef.gateway.state import get_state
 from reef.gateway.wire import headers as h
 from reef.gateway.wire import messages as wire
@@ -64,7 +64,7 @@ _ANTHROPIC_HEADERS = [
                                     "which carries the receipt (`agent_record_id`)",
                      "headers": RESPONSE_RECEIPT, "links": RESPONSE_LINKS,
                      "content": {"application/json": {"schema": {"type": "object"}},
-                                 "text/event-stream": {"schema": {"type": "string"}}}},
+                                 "text/event-stream": {"schema": SSE_EVENT}}},
                **errors(400, 401, 403, 404, 409, 502, 503, 507, model=wire.AnthropicError)},
     openapi_extra={**body(wire.MessagesRequest),
                    "parameters": [SCENARIO_HEADER, *RECORD_HEADERS, *_ANTHROPIC_HEADERS], **DATA_PLANE},

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from reef.gateway.routes.chat import RESPONSE_LINKS, RESPONSE_RECEIPT
-from reef.gateway.routes.dialects import serve_dialect
+from reef.gateway.routes.dialects import SSE_EVENT, serve_dialect
 from reef.gateway.state import get_state
 from reef.gateway.wire import responses as wire
 from reef.gateway.wire.contract import DATA_PLANE, RECORD_HEADERS, SCENARIO_HEADER, body, errors
@@ -52,7 +52,7 @@ DIALECT = ResponsesDialect()
                                     "`response.completed`, which carries the receipt (`agent_record_id`)",
                      "headers": RESPONSE_RECEIPT, "links": RESPONSE_LINKS,
                      "content": {"application/json": {"schema": {"type": "object"}},
-                                 "text/event-stream": {"schema": {"type": "string"}}}},
+                                 "text/event-stream": {"schema": SSE_EVENT}}},
                **errors(400, 401, 403, 404, 409, 502, 503, 507)},
     openapi_extra={**body(wire.ResponsesRequest), "parameters": [SCENARIO_HEADER, *RECORD_HEADERS], **DATA_PLANE},
 )
