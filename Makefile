@@ -64,6 +64,25 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
 	touch $@
 
+# The Codex CLI and Claude Code (npm), pinned, in project-local folders like Pi: tests/test_agent_clis.py
+# runs them against `reef serve` (Codex on the Responses API, Claude Code on Anthropic's Messages API).
+CODEX_VERSION := 0.171.0
+CODEX_DIR := .codex-cli
+CLAUDE_VERSION := 2.1.332
+CLAUDE_DIR := .claude-code
+.PHONY: codex claude-code agents
+codex: $(CODEX_DIR)/.installed-$(CODEX_VERSION)
+claude-code: $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION)
+agents: pi codex claude-code
+
+$(CODEX_DIR)/.installed-$(CODEX_VERSION): | debs
+	npm install --prefix $(CODEX_DIR) --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
+	touch $@
+
+$(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
+	npm install --prefix $(CLAUDE_DIR) --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@$(CLAUDE_VERSION)
+	touch $@
+
 # Two workers, one test file each at a time (`--dist loadfile`: a file's tests share its module
 # fixtures and run in order). Much of a test's time is a subprocess importing torch or a server
 # waiting on another process, so two workers on two cores finish well before one.
@@ -82,7 +101,7 @@ TINY := data/models/tiny
 PYTEST := $(BIN)/pytest -q -ra
 test:
 	@mkdir -p test-artifacts
-	@$(MAKE) --no-print-directory chromium pi > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \
+	@$(MAKE) --no-print-directory chromium agents > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \
 	debs_ready() { wait $$debs || { tail -20 test-artifacts/debs-pi.log; exit 1; }; }; \
 	$(MAKE) --no-print-directory $(STAMP) || exit 1; \
 	if $(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))"; \

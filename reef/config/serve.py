@@ -108,6 +108,9 @@ class LimitsConfig(_Strict):
         description="completion tokens per choice for a chat that sets neither max_tokens nor max_completion_tokens "
                     "(None: the engine's default, up to its context length)",
     )
+    allow_uncaptured: bool = Field(
+        default=True, description="false: a call with `x-reef-capture: false` (serve it, record nothing) gets 403"
+    )
 
 
 class ApiKey(_Strict):

@@ -17,7 +17,10 @@ from reef.gateway.wire.errors import ReefError
 def _bearer(request: Request) -> str | None:
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    # Anthropic's SDKs (and Claude Code) send the key as `x-api-key`, never as a bearer token.
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def _matches(token: str, secret: str) -> bool:

@@ -6,9 +6,18 @@ read; a chunked body is read here, and refused as soon as it passes the limit.
 
 from __future__ import annotations
 
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reef.gateway.wire import messages
 from reef.gateway.wire.errors import ReefError, error_response
+
+
+def _error(scope: Scope, status: int, message: str, code: str) -> Response:
+    # Anthropic's SDKs read their own error shape only: Claude Code's calls get it here too.
+    if scope["path"].startswith(messages.PATH_PREFIX):
+        return JSONResponse(messages.error_body(status, message), status_code=status)
+    return error_response(status, message, code=code)
 
 
 class SizeLimits:
@@ -26,8 +35,8 @@ class SizeLimits:
             if name == b"content-length":
                 declared = int(value) if value.isdigit() else None
         if header_bytes > self.max_headers:
-            await error_response(431, f"request headers are {header_bytes} bytes, over limits.max_header_bytes "
-                                 f"({self.max_headers})", code="headers_too_large")(scope, receive, send)
+            await _error(scope, 431, f"request headers are {header_bytes} bytes, over limits.max_header_bytes "
+                         f"({self.max_headers})", code="headers_too_large")(scope, receive, send)
             return
         if declared is not None and declared > self.max_body:
             await self._refuse(scope, receive, send, declared)
@@ -63,4 +72,4 @@ class SizeLimits:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
         err = self._too_large(size)
-        await error_response(err.status, err.message, code=err.code)(scope, receive, send)
+        await _error(scope, err.status, err.message, err.code or "")(scope, receive, send)

@@ -109,6 +109,9 @@ class Exchange:
     sent_messages: list[dict[str, Any]] | None = None
     # The last of `prefix_hashes` of the client's messages, computed once for the session lookup.
     prefix_hash: str | None = None
+    # The API the client spoke ("responses", "messages") when not chat completions: the record holds
+    # the request translated to a chat body, and this says what it was translated from.
+    dialect: str | None = None
 
 
 def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> RecordRow:
@@ -120,6 +123,9 @@ def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> 
     sent_rows = [_message(m) for m in sent]  # what the model saw, as its prompt token ids do
     usage = response.usage or {}
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    params = {k: v for k, v in body.items() if k != "messages"}
+    if ex.dialect is not None:
+        params["reef.dialect"] = ex.dialect
     return RecordRow.of({
         "record_id": ex.record_id,
         "scenario": ex.scenario,
@@ -138,7 +144,7 @@ def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> 
         "top_p": _number(body.get("top_p"), float),
         "max_tokens": _number(max_tokens, int),
         "choice_count": int(body.get("n") or 1),
-        "params_json": orjson.dumps({k: v for k, v in body.items() if k != "messages"}).decode(),
+        "params_json": orjson.dumps(params).decode(),
         "stream": ex.stream,
         "choices": choices,
         "finish_reasons": [c["finish_reason"] or "" for c in choices],

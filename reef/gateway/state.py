@@ -42,6 +42,9 @@ class GatewayState:
     inflight_reports: InFlight = field(default_factory=InFlight)
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     started_at: float = field(default_factory=time.time)
+    # Requests refused because their prompt does not fit the model's context, by dialect: never
+    # truncated, never recorded as experience, counted here for `GET /reef/status`.
+    context_refused: dict[str, int] = field(default_factory=dict)
 
 
 def get_state(request: Request) -> GatewayState:

@@ -42,7 +42,8 @@ from reef.gateway.wire.contract import (
     errors,
     parse_chat,
 )
-from reef.gateway.wire.errors import ReefError
+from reef.gateway.wire.dialect import context_overflow
+from reef.gateway.wire.errors import ReefError, log
 from reef.registry.schema import ADAPTER_PREFIX
 
 router = APIRouter()
@@ -142,10 +143,11 @@ async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: 
     return record
 
 
-_RECEIPT = {"x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}},
-            "x-reef-release-id": {"description": "the release (weights and harness) that answered",
-                                  "schema": {"type": "string"}}}
-_LINKS = {  # the stateful fuzzing phase follows these from a chat call to its record and reports
+RESPONSE_RECEIPT = {
+    "x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}},
+    "x-reef-release-id": {"description": "the release (weights and harness) that answered",
+                          "schema": {"type": "string"}}}
+RESPONSE_LINKS = {  # the stateful fuzzing phase follows these from a chat call to its record and reports
     "GetRecord": {"operationId": "get_record", "parameters": {"record_id": "$response.header.x-reef-agent-record-id"}},
     "Report": {"operationId": "report", "requestBody": {"agent_record_id": "$response.header.x-reef-agent-record-id",
                                                         "score": 1.0}},
@@ -155,7 +157,7 @@ _LINKS = {  # the stateful fuzzing phase follows these from a chat call to its r
 @router.post(
     "/v1/chat/completions", operation_id="chat_completions", response_class=Response,
     responses={200: {"description": "the completion (JSON), or its SSE stream ending with the receipt event",
-                     "headers": _RECEIPT, "links": _LINKS,
+                     "headers": RESPONSE_RECEIPT, "links": RESPONSE_LINKS,
                      "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
                                  "text/event-stream": {"schema": {"type": "string"}}}},
                **errors(400, 401, 403, 404, 409, 502, 503, 507)},
@@ -168,11 +170,21 @@ async def chat_completions(request: Request) -> Response:
 
 async def serve_chat(st: GatewayState, request: Request) -> Response:
     started = time.perf_counter()
-    created_at = utcnow()
     scenario = h.scenario_of(request)
     auth.data_key(st.config, request, scenario)
-    body = _parse(await request.body())
+    return await serve_body(st, request, _parse(await request.body()), scenario, started)
+
+
+async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], scenario: str, started: float,
+                     dialect: str | None = None) -> Response:
+    """Serve and record one chat completion body, already authorised and validated. The other
+    dialects (`reef.gateway.routes.responses`, `.messages`) translate their requests into such a body
+    and come through here too: one recording path, so their records are token-exact chat records.
+    `dialect`: the client's API when it was not chat completions, kept in the record's `params_json`."""
+    created_at = utcnow()
     assert st.admission is not None
+    if not h.capture_of(request):
+        return await _uncaptured(st, request, body, scenario)
     st.admission.admit(scenario)
     engine_down(st)  # after the client's own mistakes, which are 4xx even while the engine restarts
     # How the answer is delivered is not part of the request's identity: a retry of a broken stream
@@ -191,7 +203,8 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
     client_model = body.get("model") or st.config.model_name
     session_header = request.headers.get(h.SESSION)
     prefixes = prefix_hashes(body["messages"])  # for the session lookup and the record's reply hashes
-    session_id = (h.valid_id(session_header, h.SESSION) if session_header else None) \
+    # An empty header is refused too: it names no session, and the contract says so.
+    session_id = (h.valid_id(session_header, h.SESSION) if session_header is not None else None) \
         or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
 
     # From picking a route until the engine has the request, a full-weight swap must wait for this
@@ -212,7 +225,7 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
             created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
             tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
             has_token_ids=st.upstream.token_ids, harness_id=harness_id, sent_messages=sent["messages"],
-            prefix_hash=prefixes[-1],
+            prefix_hash=prefixes[-1], dialect=dialect,
         )
         if pick.arm is not None:
             st.canaries.assign(record_id, scenario, pick.arm)
@@ -242,6 +255,13 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
         except UpstreamError as exc:
             st.inflight.finish(record_id, False)
             st.metrics.requests.labels(scenario, str(exc.status)).inc()
+            overflow = context_overflow(exc.status, exc.body)
+            if overflow is not None:
+                # Refused, never truncated: nothing of it becomes experience; counted and logged.
+                kind = dialect or "chat_completions"
+                st.context_refused[kind] = st.context_refused.get(kind, 0) + 1
+                log.info("refused %s (%s, scenario %s): prompt of %s tokens over the context of %s", record_id,
+                         kind, scenario, overflow.prompt_tokens, overflow.limit)
             # Passed through as the engine wrote it; the header says who refused the request.
             return Response(exc.body, status_code=exc.status, media_type="application/json",
                             headers={h.ERROR_SOURCE: "upstream"})
@@ -251,6 +271,75 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
     finally:
         if holding:
             st.hold.exit()
+
+
+_UNCAPTURED = [(h.CAPTURED.encode(), b"false")]
+
+
+async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], scenario: str) -> Response:
+    """`x-reef-capture: false`: the call served on the scenario's route and harness, nothing recorded
+    (no record, no receipt, no session, no canary assignment); the answer says so in a header."""
+    if not st.config.limits.allow_uncaptured:
+        raise ReefError(403, f"this server records every call: {h.CAPTURE}: false is not allowed (limits)",
+                        param=h.CAPTURE, code="capture_required")
+    if request.headers.get(h.RECORD_ID) is not None:
+        raise ReefError(400, f"{h.RECORD_ID} names a record, and {h.CAPTURE}: false records nothing",
+                        param=h.RECORD_ID)
+    engine_down(st)
+    client_model = body.get("model") or st.config.model_name
+    await st.hold.enter()
+    holding = True
+    try:
+        pick = st.routes.pick(scenario)
+        upstream_model = pick.model if client_model in (st.config.model_name, pick.model) else client_model
+        if upstream_model.startswith(ADAPTER_PREFIX) and upstream_model != pick.model:
+            raise ReefError(404, f"model {client_model!r} is a release adapter; ask for {st.config.model_name!r}",
+                            param="model", code="model_not_found")
+        _, sent = served_body(st, scenario, pick.harness_id, body)
+        up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids,
+                                          st.config.limits.default_max_tokens)
+        release = (_RELEASE_ID, pick.release_id.encode("latin-1"))
+        try:
+            if body.get("stream"):
+                batches = await st.upstream.stream_chat(up_body)
+                st.hold.exit()
+                holding = False
+                return StreamingResponse(_pass(batches, wants, client_model), media_type="text/event-stream",
+                                         headers={h.CAPTURED: "false", h.RELEASE_ID: pick.release_id,
+                                                  "cache-control": "no-cache"})
+            raw = await st.upstream.chat(up_body)
+            st.hold.exit()
+            holding = False
+            read_response(raw)
+            return _JsonResponse(client_json(raw, wants, client_model), [release, *_UNCAPTURED])
+        except UpstreamError as exc:
+            return Response(exc.body, status_code=exc.status, media_type="application/json",
+                            headers={h.ERROR_SOURCE: "upstream", h.CAPTURED: "false"})
+    finally:
+        if holding:
+            st.hold.exit()
+
+
+async def _pass(batches: AsyncIterator[list[bytes]], wants: ClientWants, model: str) -> AsyncIterator[bytes]:
+    """An uncaptured stream relayed as the client asked for it; nothing is kept of it."""
+    try:
+        async for lines in batches:
+            out = []
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    out.append(b"data: [DONE]\n\n")
+                    continue
+                chunk = orjson.loads(data)
+                relayed = chunk if "error" in chunk else for_client(chunk, wants, model)
+                if relayed is not None:
+                    out.append(_sse(relayed))
+            if out:
+                yield b"".join(out)
+    finally:
+        await batches.aclose()  # type: ignore[attr-defined]
 
 
 def engine_down(st: GatewayState) -> None:

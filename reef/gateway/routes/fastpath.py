@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions` served straight from ASGI, ahead of FastAPI.
+"""`POST /v1/chat/completions` (and the other dialects' model calls) served straight from ASGI, ahead of FastAPI.
 
 It is the gateway's hot path, and FastAPI's routing, middleware stack and dependency handling cost
 about as much CPU per request as everything Reef itself does for it. The route stays declared in
@@ -15,11 +15,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.experience.wal import WalError
 from reef.gateway.limits import SizeLimits
+from reef.gateway.routes import messages, responses
 from reef.gateway.routes.chat import serve_chat
+from reef.gateway.routes.dialects import serve_dialect
 from reef.gateway.state import GatewayState
 from reef.gateway.wire.errors import ReefError, reef_error_response, store_error_response, unexpected_error_response
 
 CHAT_PATH = "/v1/chat/completions"
+# The dialects' model calls, each answering its own errors in its own shape.
+DIALECTS = {responses.PATH: responses.DIALECT, messages.PATH: messages.DIALECT}
 
 
 class ChatRequest(Request):
@@ -60,13 +64,18 @@ class ChatFastPath:
                                 max_header_bytes=limits.max_header_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["method"] == "POST" and (
+                scope["path"] == CHAT_PATH or scope["path"] in DIALECTS):
             await self._chat(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         response: Response
+        dialect = DIALECTS.get(scope["path"])
+        if dialect is not None:
+            await (await serve_dialect(self.state, ChatRequest(scope, receive), dialect))(scope, receive, send)
+            return
         try:
             response = await serve_chat(self.state, ChatRequest(scope, receive))
         except ReefError as exc:

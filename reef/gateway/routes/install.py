@@ -1,4 +1,6 @@
-"""`GET /reef/harness/install?adapter=pi|openai&scenario=S`: set up an agent against this server.
+"""`GET /reef/harness/install?adapter=pi|codex|claude-code|openai&scenario=S`: set up an agent against this server.
+
+`codex` and `claude-code` are described in `reef.gateway.routes.install_agents`.
 
     curl -fsS 'http://127.0.0.1:8900/reef/harness/install?adapter=pi&scenario=support' | sh
 
@@ -25,6 +27,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from reef.gateway.routes.harness import current_harness
+from reef.gateway.routes.install_agents import claude_script, codex_script
 from reef.gateway.state import get_state
 from reef.gateway.wire.contract import errors
 from reef.gateway.wire.errors import ReefError
@@ -35,7 +38,7 @@ router = APIRouter()
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"
 DEFAULT_CONTEXT = 4096  # when neither serve.yaml nor a local model config says
-ADAPTERS = ("openai", "pi")
+ADAPTERS = ("claude-code", "codex", "openai", "pi")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,255}$")
 # Where each harness file goes in Pi's agent folder; other files are kept under reef-harness/.
 _PI_PLACES = {"system.md": "SYSTEM.md", "rules.md": "AGENTS.md"}
@@ -228,7 +231,7 @@ def _context_window(config: Any) -> int:
 
 
 @router.get("/reef/harness/install", response_class=PlainTextResponse, responses=_json_errors(400, 422, 503))
-async def install(request: Request, adapter: str = Query(description="pi | openai",
+async def install(request: Request, adapter: str = Query(description="pi | codex | claude-code | openai",
                                                          json_schema_extra={"enum": list(ADAPTERS)}),
                   scenario: str = Query(default="default", pattern=SCENARIO_RE.pattern)) -> PlainTextResponse:
     if adapter not in ADAPTERS:
@@ -238,6 +241,10 @@ async def install(request: Request, adapter: str = Query(description="pi | opena
     url = base_url(request)
     if adapter == "openai":
         return PlainTextResponse(_openai_env(url, scenario))
+    if adapter == "codex":
+        return PlainTextResponse(codex_script(url, scenario, st.config.model_name, _context_window(st.config)))
+    if adapter == "claude-code":
+        return PlainTextResponse(claude_script(url, scenario, st.config.model_name, _context_window(st.config)))
     release_id, files = current_harness(st, scenario)
     install_url = f"{url}/reef/harness/install?adapter=pi&scenario={scenario}"
     script = _pi_script(url, scenario, st.config.model_name, _context_window(st.config), files, release_id,

@@ -58,6 +58,7 @@ async def status(request: Request) -> dict[str, Any]:
         "engine": engine,
         "learner": st.learner.describe() if st.learner else {"enabled": False},
         "scenarios": scenarios,
+        "context_refused": dict(sorted(st.context_refused.items())),
     }
 
 

@@ -89,6 +89,10 @@ class Upstream:
     async def get(self, path: str) -> tuple[int, bytes]:
         return await self._request("GET", path)
 
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """Any other call (vLLM's `/tokenize`, for Anthropic's count_tokens): status and body as they are."""
+        return await self._request("POST", path, orjson.dumps(body))
+
     async def probe_token_ids(self, setting: str) -> bool:
         """Decide once, at start, whether to ask for token ids: `on`/`off` as configured; `auto` asks
         `GET /v1/models`, which costs no generation: vLLM's model cards say `owned_by: vllm`."""

@@ -258,9 +258,9 @@ _DESCRIPTIONS = {
 COMMON_ERRORS = (413, 431)
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` of a route: each error status with the OpenAI-style body."""
-    return {s: {"model": ErrorBody, "description": _DESCRIPTIONS[s]} for s in (*statuses, *COMMON_ERRORS)}
+def errors(*statuses: int, model: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: each error status with the OpenAI-style body (or `model`'s)."""
+    return {s: {"model": model or ErrorBody, "description": _DESCRIPTIONS[s]} for s in (*statuses, *COMMON_ERRORS)}
 
 
 # Marks for install_openapi: which operations need which credential.

@@ -18,6 +18,8 @@ TAG_PREFIX = "x-reef-tag-"
 REPLAYED = "x-reef-replayed"
 ERROR_SOURCE = "x-reef-error-source"
 RELEASE_ID = "x-reef-release-id"  # the release whose weights and harness answered
+CAPTURE = "x-reef-capture"  # "false": serve the call, record nothing
+CAPTURED = "x-reef-captured"  # answered "false" on a call that was not recorded
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -77,3 +79,12 @@ def tags_of(request: Request) -> dict[str, str]:
     # of every chat call to find the few, usually none, that are tags.
     return {k[len(_TAG):].decode("latin-1"): v.decode("latin-1")
             for k, v in request.scope["headers"] if k.startswith(_TAG)}
+
+
+def capture_of(request: Request) -> bool:
+    value = request.headers.get(CAPTURE)
+    if value is None:
+        return True
+    if value.lower() not in ("true", "false"):
+        raise ReefError(400, f"{CAPTURE} must be true or false", param=CAPTURE)
+    return value.lower() == "true"

@@ -1,0 +1,75 @@
+"""Random and near-valid bodies and headers on the dialect routes never get a 5xx or a dropped
+connection, and every refusal is in the dialect's own error shape. (schemathesis covers the same
+routes from the OpenAPI document in tests/test_fuzz.py.)"""
+
+from __future__ import annotations
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import MODEL_NAME, Gateway
+from tests.test_fuzz import _HEADERS, _JSON
+
+_TEXT = st.text(max_size=12)
+_RESPONSES_ITEM = st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "x"]) | _JSON,
+    "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]) | _JSON,
+    "content": _TEXT | st.lists(st.fixed_dictionaries(
+        {"type": st.sampled_from(["input_text", "output_text", "input_image", "x"])},
+        optional={"text": _JSON | _TEXT, "image_url": _JSON}), max_size=2) | _JSON,
+    "call_id": _TEXT | _JSON, "name": _TEXT | _JSON, "arguments": _TEXT | _JSON, "output": _TEXT | _JSON,
+})
+_RESPONSES = st.fixed_dictionaries({"max_output_tokens": st.just(1)}, optional={
+    "model": st.just(MODEL_NAME) | _JSON,
+    "input": _TEXT | st.lists(_RESPONSES_ITEM, max_size=3) | _JSON,
+    "instructions": _TEXT | _JSON, "stream": st.booleans() | _JSON, "store": st.booleans() | _JSON,
+    "tools": st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search"])},
+                                            optional={"name": _TEXT | _JSON, "parameters": _JSON}), max_size=2) | _JSON,
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | _JSON,
+    "temperature": _JSON, "previous_response_id": _JSON, "reasoning": _JSON, "text": _JSON,
+})
+_BLOCK = st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result", "image", "thinking", "x"])},
+                               optional={"text": _TEXT | _JSON, "id": _TEXT | _JSON, "name": _TEXT | _JSON,
+                                         "input": _JSON, "tool_use_id": _TEXT | _JSON, "content": _TEXT | _JSON,
+                                         "source": _JSON})
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]) | _JSON},
+                                 optional={"content": _TEXT | st.lists(_BLOCK, max_size=2) | _JSON})
+_MESSAGES = st.fixed_dictionaries({"max_tokens": st.just(1) | _JSON}, optional={
+    "model": st.just(MODEL_NAME) | _JSON,
+    "messages": st.lists(_MESSAGE, max_size=3) | _JSON,
+    "system": _TEXT | st.lists(_BLOCK, max_size=1) | _JSON, "stream": st.booleans() | _JSON,
+    "tools": st.lists(st.fixed_dictionaries({"name": _TEXT | _JSON}, optional={"input_schema": _JSON}),
+                      max_size=2) | _JSON,
+    "tool_choice": _JSON, "stop_sequences": _JSON, "temperature": _JSON, "top_k": _JSON,
+})
+_ROUTES = {"/v1/responses": _RESPONSES, "/v1/messages": _MESSAGES, "/v1/messages/count_tokens": _MESSAGES}
+_REQUESTS = st.sampled_from(sorted(_ROUTES)).flatmap(
+    lambda path: st.tuples(st.just(path), _ROUTES[path] | _JSON | st.binary(max_size=40), _HEADERS))
+
+
+def test_dialect_routes_never_5xx(gateway: Gateway) -> None:
+    sent: dict[int, int] = {}
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+
+        @settings(max_examples=600, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(_REQUESTS)
+        def probe(request: tuple[str, object, dict[str, str]]) -> None:
+            path, body, headers = request
+            kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+            # httpx.TransportError here is a dropped connection: a failure like any 5xx.
+            resp = http.post(path, headers={"content-type": "application/json", **headers}, **kwargs)
+            sent[resp.status_code] = sent.get(resp.status_code, 0) + 1
+            assert resp.status_code < 500, (path, body, headers, resp.text)
+            if resp.status_code >= 400:
+                error = resp.json()
+                if path.startswith("/v1/messages"):
+                    assert error["type"] == "error" and error["error"]["type"], error
+                assert error["error"]["message"] and "Traceback" not in resp.text
+            elif resp.headers["content-type"].startswith("text/event-stream"):
+                assert b"event: " in resp.content
+
+        probe()
+    assert sum(sent.values()) >= 600 and sent.get(200, 0) > 0, sent
+    assert httpx.get(f"{gateway.url}/healthz").status_code == 200
