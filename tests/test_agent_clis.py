@@ -23,7 +23,8 @@ import openai
 import pytest
 
 from reef.gateway.routes.install_agents import CLAUDE_VERSION, CODEX_VERSION, claude_settings, codex_config
-from tests.conftest import MODEL_NAME, REPO, Gateway
+from tests.helpers import MODEL_NAME, REPO
+from tests.helpers.gateway import Gateway
 
 CODEX = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
 CLAUDE = REPO / ".claude-code" / "node_modules" / ".bin" / "claude"

@@ -15,8 +15,9 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import MODEL_NAME, Gateway
-from tests.test_gateway import _record
+from tests.helpers import MODEL_NAME
+from tests.helpers.gateway import Gateway
+from tests.helpers.gateway import get_record as _record
 
 INSTRUCTIONS = "You are a coding agent."
 ASK = "List the files."

@@ -8,8 +8,10 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import MODEL_NAME, Gateway
-from tests.test_fuzz import _HEADERS, _JSON
+from tests.helpers import MODEL_NAME
+from tests.helpers.fuzz import HEADERS as _HEADERS
+from tests.helpers.fuzz import JSON as _JSON
+from tests.helpers.gateway import Gateway
 
 _TEXT = st.text(max_size=12)
 _RESPONSES_ITEM = st.fixed_dictionaries({}, optional={

@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import MODEL_NAME, REPO
+from tests.helpers.fuzz import HEADERS as _HEADERS
+from tests.helpers.fuzz import JSON as _JSON
 from tests.helpers.gateway import Gateway
 
 pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(16)]
@@ -74,11 +76,6 @@ def test_schemathesis_all_checks(fuzz_gateway: Gateway, tmp_path: Path) -> None:
 
 # --- random bodies and headers ---------------------------------------------------------------
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=8,
-)
 _ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", "bogus"])
 _CONTENT = _JSON | st.text(max_size=12) | st.lists(
     st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "refusal", "x"])},
@@ -99,12 +96,6 @@ _CHAT = st.fixed_dictionaries({"max_tokens": st.just(1)}, optional={
 _REPORT = st.fixed_dictionaries({}, optional={
     "agent_record_id": _JSON, "references": _JSON, "score": _JSON, "feedback": _JSON, "metadata": _JSON,
     "report_id": _JSON, "extra": _JSON,
-})
-_HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=140).map(str.strip)
-_HEADERS = st.fixed_dictionaries({}, optional={
-    "x-reef-scenario": _HEADER_TEXT | st.just("default"), "x-reef-agent-record-id": _HEADER_TEXT,
-    "x-reef-session": _HEADER_TEXT, "x-reef-tag-t": _HEADER_TEXT, "authorization": _HEADER_TEXT,
-    "content-type": st.sampled_from(["application/json", "text/plain", "", "application/x-www-form-urlencoded"]),
 })
 _ROUTES = {"/v1/chat/completions": _CHAT, "/reef/report": _REPORT}
 _REQUESTS = st.sampled_from(sorted(_ROUTES)).flatmap(

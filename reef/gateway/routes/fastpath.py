@@ -17,13 +17,13 @@ from reef.experience.wal import WalError
 from reef.gateway.limits import SizeLimits
 from reef.gateway.routes import messages, responses
 from reef.gateway.routes.chat import serve_chat
-from reef.gateway.routes.dialects import serve_dialect
+from reef.gateway.routes.dialects import Dialect, serve_dialect
 from reef.gateway.state import GatewayState
 from reef.gateway.wire.errors import ReefError, reef_error_response, store_error_response, unexpected_error_response
 
 CHAT_PATH = "/v1/chat/completions"
 # The dialects' model calls, each answering its own errors in its own shape.
-DIALECTS = {responses.PATH: responses.DIALECT, messages.PATH: messages.DIALECT}
+DIALECTS: dict[str, Dialect] = {responses.PATH: responses.DIALECT, messages.PATH: messages.DIALECT}
 
 
 class ChatRequest(Request):

@@ -106,7 +106,7 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
-    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    source: dict[str, Any] = block["source"] if isinstance(block.get("source"), dict) else {}
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
         url = f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
     elif source.get("type") == "url" and isinstance(source.get("url"), str):
@@ -277,8 +277,8 @@ class MessagesStream:
         if self.started:
             return []
         self.started = True
-        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
         return [event("message_start", {"type": "message_start", "message": message})]
 
     def _close(self) -> list[bytes]:
@@ -310,7 +310,7 @@ class MessagesStream:
             for position, call in enumerate(delta.get("tool_calls") or ()):
                 key, fn = ("tool", call.get("index", position)), call.get("function") or {}
                 if self.open != key:
-                    block = {"type": "tool_use", "id": call.get("id") or f"toolu_{self.blocks}",
+                    block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{self.blocks}",
                              "name": fn.get("name") or "", "input": {}}
                     out += self._open(key, block)
                 if fn.get("arguments"):

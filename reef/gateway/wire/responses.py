@@ -195,7 +195,7 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
 
 
-def _shell(req: ResponsesRequest, record_id: str, model: str, created: int, status: str) -> dict[str, Any]:
+def _shell(req: ResponsesRequest, record_id: str | None, model: str, created: int, status: str) -> dict[str, Any]:
     return {"id": response_id(record_id), "object": "response", "created_at": created, "status": status,
             "model": model, "output": [], "error": None, "incomplete_details": None,
             "instructions": req.instructions, "metadata": {}, "parallel_tool_calls": req.parallel_tool_calls
