@@ -45,9 +45,23 @@ _MESSAGES = st.fixed_dictionaries({"max_tokens": st.just(1) | _JSON}, optional={
                       max_size=2) | _JSON,
     "tool_choice": _JSON, "stop_sequences": _JSON, "temperature": _JSON, "top_k": _JSON,
 })
-_ROUTES = {"/v1/responses": _RESPONSES, "/v1/messages": _MESSAGES, "/v1/messages/count_tokens": _MESSAGES}
+# Well-typed bodies that vary only in values, so the fuzz also walks the paths that reach the engine
+# (fully random bodies and headers are refused long before it).
+_SAFE_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_VALID_RESPONSES = st.fixed_dictionaries({"model": st.just(MODEL_NAME), "input": _SAFE_TEXT,
+                                          "max_output_tokens": st.just(1)},
+                                         optional={"stream": st.booleans(), "instructions": _SAFE_TEXT,
+                                                   "temperature": st.floats(0, 2), "store": st.just(False)})
+_VALID_MESSAGES = st.fixed_dictionaries(
+    {"model": st.just(MODEL_NAME), "max_tokens": st.just(1),
+     "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": _SAFE_TEXT}),
+                          min_size=1, max_size=2)},
+    optional={"stream": st.booleans(), "system": _SAFE_TEXT, "temperature": st.floats(0, 1)})
+_ROUTES = {"/v1/responses": (_VALID_RESPONSES, _RESPONSES), "/v1/messages": (_VALID_MESSAGES, _MESSAGES),
+           "/v1/messages/count_tokens": (_VALID_MESSAGES, _MESSAGES)}
 _REQUESTS = st.sampled_from(sorted(_ROUTES)).flatmap(
-    lambda path: st.tuples(st.just(path), _ROUTES[path] | _JSON | st.binary(max_size=40), _HEADERS))
+    lambda path: st.tuples(st.just(path), st.one_of(_ROUTES[path][0], _ROUTES[path][1], _JSON, st.binary(max_size=40)),
+                           st.just({}) | _HEADERS))
 
 
 def test_dialect_routes_never_5xx(gateway: Gateway) -> None:
