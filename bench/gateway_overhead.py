@@ -228,11 +228,13 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
     script = work / "chat.lua"
     script.write_text(f"wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
                       f"wrk.body = {json.dumps(json.dumps(_request_body(tokens)))}\n")
-    gateways = {"gateway": ServeProcess(work / "gateway", ["--upstream-url", f"http://127.0.0.1:{port}"])}
+    gateways = {"gateway": ServeProcess(work / "gateway", ["--upstream-url", f"http://127.0.0.1:{port}"],
+                                        env={"REEF_SERVED_MODEL_NAME": MODEL_NAME})}
     if baseline is not None:
         # Run from its own folder with the baseline first on the path: it imports its own `reef`.
         gateways["baseline"] = ServeProcess(work / "baseline", ["--upstream-url", f"http://127.0.0.1:{port}"],
-                                            env={"PYTHONPATH": str(baseline.resolve())})
+                                            env={"PYTHONPATH": str(baseline.resolve()),
+                                                 "REEF_SERVED_MODEL_NAME": MODEL_NAME})
     try:
         for gw in gateways.values():
             gw.start()
@@ -366,7 +368,8 @@ def main() -> int:
             vllm_url = engine.start()
     import tempfile
 
-    gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")), ["--upstream-url", vllm_url]).start()
+    gw = ServeProcess(Path(tempfile.mkdtemp(prefix="reef-bench-")), ["--upstream-url", vllm_url],
+                      env={"REEF_SERVED_MODEL_NAME": MODEL_NAME}).start()
     assert gw.process is not None
     proc = psutil.Process(gw.process.pid)
     results: dict[str, dict[str, float]] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import uvicorn
 
-from reef.config import DEFAULT_TINY_MODEL, ConfigError, ServeConfig
+from reef.config import DEFAULT_MODEL, ConfigError, ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import EngineSupervisor
 from reef.engine.weights import EngineWeights
@@ -32,13 +32,15 @@ log = logging.getLogger("reef.serve")
 
 
 def ensure_default_model(config: ServeConfig) -> None:
-    """The embedded tiny model is built on first use; any other model is the user's to provide."""
-    if config.model is not None or (DEFAULT_TINY_MODEL / "config.json").exists():
+    """The embedded default model is built from its wheel on first use (and again only when an input
+    of the conversion changes); any other model is the user's to provide."""
+    if config.model is not None:
         return
-    from reef.model.tiny import build_tiny
+    from reef.model.smollm2 import convert, is_current
 
-    log.warning("no model configured and %s is missing: building the embedded tiny model", DEFAULT_TINY_MODEL)
-    build_tiny(DEFAULT_TINY_MODEL, seed=config.seed)
+    if not is_current(DEFAULT_MODEL):
+        log.warning("no model configured and %s is missing or stale: building the embedded default", DEFAULT_MODEL)
+        convert(DEFAULT_MODEL)
 
 
 def seed_sessions(index: SessionIndex, data_dir: Path) -> None:

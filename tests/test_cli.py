@@ -62,7 +62,7 @@ def test_report_status_and_tail(gateway: Gateway) -> None:
     unknown = reef("report", "rec_nope", "--score", "1", "--url", gateway.url)
     assert unknown.returncode == 2 and "404" in unknown.stderr
     status = reef("status", "--url", gateway.url)
-    assert status.returncode == 0 and "default" in status.stdout
+    assert status.returncode == 0 and "default" in status.stdout and "learner: off" in status.stdout
     # `tail` reads parquet: wait for the flusher to move the record there.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

@@ -49,3 +49,33 @@ def test_register_mends_the_ops_vllm_cpu_uses() -> None:
     ops.sgmv_shrink(torch.ones(2, 1), torch.ones(2, 1, 1, 1), out, torch.tensor([0, 2]), torch.tensor([2]),
                     torch.tensor([-1]), 1, 2, 2, 1.0)
     assert torch.count_nonzero(out) == 0
+
+
+def _per_token(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """vLLM's per-token gather, with base tokens (index -1) masked: what the grouped ops must equal."""
+    selected = weights[indices.clamp(min=0)]
+    if selected.dim() == 4:
+        selected = selected.squeeze(dim=1)
+    selected = selected.masked_fill((indices < 0).view(-1, 1, 1), 0)
+    return torch.einsum("bi, boi -> bo", inputs, selected)
+
+
+@pytest.mark.parametrize("idx", [[-1, -1, -1], [2, 2, 2], [1, -1, 3], [0, 3, 0], [-1], [1]])
+def test_grouped_ops_equal_the_per_token_gather(idx: list[int]) -> None:
+    torch.manual_seed(1)
+    ind = torch.tensor(idx)
+    n = len(idx)
+    x, a = torch.randn(n, 16), torch.randn(4, 1, 8, 16)
+    got = torch.full((n, 8), 7.0)
+    fix.bgmv_shrink(x, a, got, ind, 0.5)
+    assert torch.allclose(got, 0.5 * _per_token(x, a, ind), atol=1e-5)
+
+    y, b = torch.randn(n, 8), torch.randn(4, 1, 16, 8)
+    for add in (True, False):
+        out = torch.ones(n, 16)
+        fix.bgmv_expand(y, b, out, ind, add_inputs=add)
+        assert torch.allclose(out, (1.0 if add else 0.0) + _per_token(y, b, ind), atol=1e-5)
+        out = torch.ones(n, 20)
+        fix.bgmv_expand_slice(y, b, out, ind, 2, 16, add_inputs=add)
+        assert torch.allclose(out[:, 2:18], (1.0 if add else 0.0) + _per_token(y, b, ind), atol=1e-5)
+        assert torch.equal(out[:, :2], torch.ones(n, 2)) and torch.equal(out[:, 18:], torch.ones(n, 2))

@@ -8,6 +8,8 @@ rewards, an automatic release (hot-swapped at once) under `auto` and a dashboard
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -210,3 +212,44 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     # Nothing new arrived: the learner counts nothing pending and trained no second round on the same ids.
     later = _wait(gw, lambda s: s["pending"]["records"] == 0, timeout_s=30)
     assert {name: x["rounds"] for name, x in later["scenarios"].items()} == {"support": 1, "triage": 1}, later
+
+
+@pytest.mark.vllm
+def test_a_round_waits_for_rewarded_and_unrewarded_reports(make_gateway) -> None:  # noqa: ANN001
+    # Below the thresholds no round starts and the status says why; the reports that reach them start one.
+    gw: Gateway = make_gateway("signal", extra_args=["--model", str(TINY)])
+    gw.workdir.mkdir(parents=True, exist_ok=True)
+    (gw.workdir / "serve.yaml").write_text(yaml.safe_dump({
+        "served_model_name": MODEL_NAME, "store": {"flush_interval_s": 0.2},
+        "learner": {"enabled": True, "interval_s": 0.5, "min_records": 4, "min_rewarded": 2, "min_unrewarded": 2},
+        "recipes": {"rl": {"recipe": "online_rl", "params": {"kind": "lora", "max_steps": 1, "baseline": "batch"}}},
+        "scenarios": {"support": {"policy": "approval", "recipe": "rl"}},
+    }))
+    gw.start()
+    client = gw.client(**{"x-reef-scenario": "support"})
+    ids = [client.chat.completions.with_raw_response.create(
+        model=MODEL_NAME, messages=t.messages, max_tokens=8).headers["x-reef-agent-record-id"]
+        for t in demo.eval_tasks()[:4]]
+
+    def report(record_id: str, score: float) -> None:
+        resp = httpx.post(f"{gw.url}/reef/report", json={"agent_record_id": record_id, "score": score},
+                          headers={"x-reef-scenario": "support"})
+        assert resp.status_code == 200, resp.text
+
+    report(ids[0], 1.0)
+    report(ids[1], 0.0)
+    reason = "waiting: 1 of 2 rewarded, 1 of 2 unrewarded, 2 of 4 records"
+    waiting = _wait(gw, lambda s: s["scenarios"]["support"]["waiting"] == reason, timeout_s=60)
+    assert waiting["waiting"] == {"support": reason} and not waiting["running"]
+    assert waiting["scenarios"]["support"]["round"] is None and waiting["scenarios"]["support"]["rounds"] == 0
+    cli = subprocess.run([sys.executable, "-m", "reef.cli", "status", "--url", gw.url], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0 and f"learner support (online_rl): {reason}; 0 rounds" in cli.stdout, cli.stdout
+
+    report(ids[2], 1.0)
+    report(ids[3], 0.0)
+    started = _wait(gw, lambda s: (s["scenarios"]["support"]["round"] or {}).get("records") is not None,
+                    timeout_s=120)
+    mine = started["scenarios"]["support"]
+    assert mine["waiting"] is None and started["waiting"] == {}, started
+    assert mine["round"]["records"] == 4 and mine["round"]["recipe"] == "online_rl", mine["round"]

@@ -85,9 +85,13 @@ with right:
             state = f"waiting (a round of {learner['running_scenario']} is running)"
         else:
             state = "waiting"
+        need = mine.get("thresholds") or {"records": mine.get("min_records", "?")}
+        starts = ", ".join(f"{n} {k}" for k, n in need.items() if n)
         st.markdown(f"**{state}** · recipe `{mine.get('recipe')}` · {mine.get('rounds', 0)} rounds since start  \n"
                     f"next round: **{pending.get('records', '?')}** eligible records waiting "
-                    f"(starts at {mine.get('min_records', '?')})")
+                    f"(starts at {starts})")
+        if mine.get("waiting"):  # below a threshold: which counts are short
+            st.caption(mine["waiting"])
         if rnd := mine.get("round"):
             why = f" ({rnd['reason']})" if rnd.get("reason") else ""
             st.caption(f"round {rnd['round_id']}: **{rnd['state']}**{why}")

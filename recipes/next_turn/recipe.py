@@ -125,6 +125,7 @@ class NextTurn(Recipe):
     config_class = NextTurnConfig
     needs_reports = False
     min_group_size = 2  # a session of one turn has no next turn (yet): it waits, unconsumed
+    waits_for = frozenset({"records"})  # its rewards are the next turns, read in the round, not reports
 
     def signals(self, snapshot: Snapshot) -> pl.DataFrame:
         """The snapshot's replies with their next-turn reward and hinted turn (`recipes.next_turn.signals`)."""

@@ -35,6 +35,9 @@ class RFT(Recipe):
     name = "rft"
     config_class = RFTConfig
     stale_policies = ("drop",)
+    # It trains on the rewarded records only, so it waits for those: a scenario whose traffic is all
+    # imported demonstrations (every one rewarded) still learns. `min_unrewarded` on a recipe setting opts in.
+    waits_for = frozenset({"records", "rewarded"})
 
     def build_trainer(
         self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path

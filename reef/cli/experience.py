@@ -1,8 +1,11 @@
-"""`reef records tail` and `reef report`: read what was recorded, report a reward for a record."""
+"""`reef records tail`, `reef records import` and `reef report`: read what was recorded, import
+demonstrations, report a reward for a record."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,14 @@ def add_parsers(sub: Any) -> None:
     tail.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     tail.add_argument("--follow", "-f", action="store_true")
 
+    imp = records.add_parser("import", help="import demonstrations (JSONL or a Hugging Face dataset) as "
+                             "rewarded records a recipe trains on")
+    imp.add_argument("path", type=Path, help="a .jsonl file, or a dataset folder/file `datasets` reads; each row "
+                     "has `messages` (the prompt), `completion` (the reply), optional `tools` and `score`")
+    imp.add_argument("--scenario", required=True)
+    imp.add_argument("--url", default=DEFAULT_URL)
+    imp.add_argument("--token", default=None, help="admin token (default: REEF_ADMIN_TOKEN)")
+
     report = sub.add_parser("report", help="report a reward for a record")
     report.add_argument("record_id")
     report.add_argument("--score", type=finite, required=True)
@@ -31,7 +42,50 @@ def add_parsers(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return _tail(args) if args.command == "records" else _report(args)
+    if args.command == "report":
+        return _report(args)
+    return _import(args) if args.records_cmd == "import" else _tail(args)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or folder")
+    if path.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as exc:
+                    raise UsageError(f"{path}:{n}: not JSON ({exc})") from exc
+        return rows
+    import datasets
+
+    try:
+        data = (datasets.load_from_disk(str(path)) if path.is_dir() and (path / "dataset_info.json").exists()
+                else datasets.load_dataset(str(path), split="train"))
+    except Exception as exc:  # datasets raises many types for an unreadable path: all are the user's input
+        raise UsageError(f"{path}: not a dataset `datasets` can read ({exc})") from exc
+    keep = [c for c in ("messages", "completion", "tools", "score") if c in data.column_names]
+    return [{k: row[k] for k in keep if row[k] is not None} for row in data]
+
+
+def _import(args: argparse.Namespace) -> int:
+    rows = _rows(args.path)
+    if not rows:
+        raise UsageError(f"{args.path}: no demonstrations in it")
+    token = args.token or os.environ.get("REEF_ADMIN_TOKEN")
+    headers = {"x-reef-scenario": args.scenario, **({"authorization": f"Bearer {token}"} if token else {})}
+    imported = 0
+    for start in range(0, len(rows), 256):  # the route takes at most 256 per call
+        resp = request("POST", f"{args.url}/reef/records", json={"demonstrations": rows[start:start + 256]},
+                       headers=headers)
+        if resp.status_code >= 400:
+            message = resp.json().get("error", {}).get("message", resp.text)
+            raise UsageError(f"import refused after {imported} of {len(rows)} (rows {start}+): {message}")
+        imported += len(resp.json()["agent_record_ids"])
+    print(f"imported {imported} demonstrations into scenario {args.scenario!r}")
+    return 0
 
 
 def _tail(args: argparse.Namespace) -> int:

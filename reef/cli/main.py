@@ -14,6 +14,7 @@ from types import ModuleType
 from reef.cli import dashboard, experience, learn, model, releases, scenario, serve, traffic
 from reef.cli.common import DEFAULT_URL, UsageError
 from reef.config import ConfigError
+from reef.model.smollm2 import ModelBuildError
 
 # In `reef --help` order.
 GROUPS: tuple[ModuleType, ...] = (serve, model, experience, learn, traffic, scenario, dashboard, releases)
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     group = next(g for g in GROUPS if args.command in g.COMMANDS)
     try:
         return int(group.run(args))
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, ModelBuildError) as exc:
         print(f"reef: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -48,7 +48,7 @@ def _scenario(args: argparse.Namespace) -> int:
         else:
             checks.find_scenario(args.name, config)  # a bad name fails before an engine starts
             if config.model is None and not Path(config.model_path).exists():
-                raise UsageError(f"no model at {config.model_path}: build the embedded one (reef model build-tiny), "
+                raise UsageError(f"no model at {config.model_path}: build the embedded one (reef model fetch), "
                                  "set `model:` in serve.yaml, or give --url")
             from reef.engine.supervisor import EngineSupervisor
 

@@ -58,4 +58,14 @@ def _status(args: argparse.Namespace) -> int:
     console.print(table)
     engine = data["engine"]
     console.print(f"engine: {engine['url']} healthy={engine['healthy']} managed={engine.get('managed')}")
+    learner = data.get("learner") or {}
+    if not learner.get("enabled"):
+        console.print("learner: off", markup=False)
+    for name, one in (learner.get("scenarios") or {}).items():
+        rnd = one.get("round") or {}
+        state = ("running a round" if one.get("running") else one.get("waiting")
+                 or ("due" if one.get("pending") is not None else "not counted yet"))
+        last = f"; round {rnd['round_id']} {rnd['state']}" if rnd else ""
+        console.print(f"learner {name} ({one.get('recipe')}): {state}; {one.get('rounds', 0)} rounds{last}",
+                      markup=False, soft_wrap=True)
     return 0

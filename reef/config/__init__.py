@@ -16,6 +16,8 @@ from reef.config.params import (
 from reef.config.serve import (
     CONFIG_FILE_ENV,
     DEFAULT_CONFIG_FILE,
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_NAME,
     DEFAULT_TINY_MODEL,
     ENV_PREFIX,
     ApiKey,
@@ -35,7 +37,8 @@ from reef.config.serve import (
 )
 
 __all__ = [
-    "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_TINY_MODEL", "ENV_PREFIX", "ApiKey", "BaseModelParams",
+    "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "DEFAULT_MODEL_NAME",
+    "DEFAULT_TINY_MODEL", "ENV_PREFIX", "ApiKey", "BaseModelParams",
     "ConfigError", "DemoTrafficParams", "EngineConfig", "EvaluateParams", "ExperienceParams", "GateSettings",
     "LearnerConfig", "LimitsConfig", "ParamsError", "PipelineParams", "ReleaseConfig", "ScenarioConfig",
     "ServeConfig", "SourceParams", "StoreConfig", "TrainParams", "UpstreamConfig", "describe", "env_overrides",

@@ -109,6 +109,12 @@ class GateSettings(_Strict):
     bootstrap: int = Field(default=2000, ge=1)
     probe_tokens: int = Field(default=8, ge=1)
     concurrency: int = Field(default=64, ge=1, description="engine requests in flight")
+    fault_retries: int = Field(default=2, ge=0, description="retries of an engine request after an infrastructure "
+                               "fault (timeout, lost connection, 5xx); a task still failing is void, never scored 0")
+    fault_backoff_s: float = Field(default=1.0, ge=0, description="before the first retry; doubled for each next")
+    min_valid_pairs: int = Field(default=16, ge=1, description="tasks the engine must answer in both arms (at most "
+                                 "the suite's size); fewer: the decision is void, not reject")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="past it, an engine request has faulted")
 
     def gate_fields(self) -> dict[str, Any]:
         """The fields set here; the gate's own defaults hold for the rest."""

@@ -25,6 +25,10 @@ DEFAULT_CONFIG_FILE = Path("serve.yaml")
 CONFIG_FILE_ENV = "REEF_CONFIG"
 ENV_PREFIX = "REEF_"
 DEFAULT_TINY_MODEL = Path("data/models/tiny")
+# The model `reef serve` runs when none is named: SmolLM2-135M-Instruct, built from its PyPI wheel
+# on first use (reef.model.smollm2).
+DEFAULT_MODEL = Path("data/models/smollm2-135m-instruct")
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 
 class _Strict(BaseModel):
@@ -81,8 +85,19 @@ class LearnerConfig(_Strict):
 
     enabled: bool = False
     interval_s: float = Field(default=30.0, gt=0, description="how often to check for pending experience")
-    min_records: int = Field(default=1, ge=1, description="eligible new records that start a round, unless "
-                             "the scenario's recipe sets min_records")
+    # A round waits for enough signal, not for the first record: each count is of the eligible new
+    # records (unconsumed, trainable, reported when the recipe needs reports). A recipe setting
+    # (`recipes.<name>`) overrides each; a count the recipe does not learn from (rft trains on rewarded
+    # records only, next_turn reads no reports, a harness recipe learns from failures; `Recipe.waits_for`)
+    # is not waited for unless its setting names it.
+    min_records: int = Field(default=16, ge=1, description="eligible new records (those the round's snapshot would "
+                             "take, uncapped by batch_size) that start a round, unless the scenario's recipe sets "
+                             "min_records")
+    min_rewarded: int = Field(default=4, ge=0, description="of them, records with a reward: above 0, or at least the "
+                              "recipe's min_score (rft: 1.0; kto: threshold; harness recipes: failure_below), "
+                              "unless the recipe sets min_rewarded")
+    min_unrewarded: int = Field(default=4, ge=0, description="records reported with a reward of 0 (or below the "
+                                "recipe's min_score / failure_below), unless the recipe sets min_unrewarded")
 
     @model_validator(mode="before")
     @classmethod
@@ -138,6 +153,11 @@ class ReleaseConfig(_Strict):
     gate_samples: int = Field(default=4, ge=1)
     gate_confidence: float = Field(default=0.95, gt=0, lt=1)
     gate_min_delta: float = Field(default=0.0, description="select iff the CI's lower bound is above this")
+    gate_fault_retries: int = Field(default=2, ge=0, description="further tries of a gate request after an engine "
+                                    "fault (timeout, 5xx); past them the pair is void, never scored")
+    gate_min_valid_pairs: int = Field(default=16, ge=1, description="pairs both arms must get answered (at most the "
+                                      "suite's size); fewer: the gate is void, the candidate neither selected nor "
+                                      "rejected")
 
 
 class ServeConfig(_Strict):
@@ -145,7 +165,8 @@ class ServeConfig(_Strict):
     port: int = Field(default=8900, ge=0, le=65535)
     data_dir: Path = DEFAULT_DATA_DIR
     model: str | None = Field(
-        default=None, description="HF model id or local path; unset: the embedded tiny model"
+        default=None, description="HF model id or local path; unset: the embedded default, SmolLM2-135M-Instruct "
+        "(built from its PyPI wheel on first use)"
     )
     served_model_name: str | None = Field(default=None, description="name clients use; default: model")
     seed: int = 0
@@ -182,11 +203,11 @@ class ServeConfig(_Strict):
 
     @property
     def model_path(self) -> str:
-        return self.model or str(DEFAULT_TINY_MODEL)
+        return self.model or str(DEFAULT_MODEL)
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or (self.model or "reef-tiny")
+        return self.served_model_name or (self.model or DEFAULT_MODEL_NAME)
 
 
 _SECRETS = {"admin_token", "upstream.api_key", "api_keys"}

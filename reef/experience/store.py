@@ -187,8 +187,12 @@ class ExperienceStore:
     async def append_report(self, report: Report) -> None:
         await self._append_async("reports", [report])
 
-    async def append_records(self, records: Sequence[Record]) -> None:
+    async def append_records(self, records: Sequence[Record | RecordRow]) -> None:
+        """Return once every one of `records` is durable (one WAL write for the batch)."""
         await self._append_async("records", records)
+
+    async def append_reports(self, reports: Sequence[Report]) -> None:
+        await self._append_async("reports", reports)
 
     def append_records_sync(self, records: Sequence[Record]) -> None:
         """Blocking batch append, for tools and benches (one WAL write for the whole batch)."""

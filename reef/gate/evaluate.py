@@ -10,10 +10,16 @@ vLLM's OpenAI server) when the candidate is a LoRA: it is loaded under a tempora
 transformers instead: one engine cannot hold two sets of full weights on CPU. The per-task
 differences are resampled (tasks with replacement) into a bootstrap confidence interval of the
 mean difference, and the candidate is selected only when the whole interval lies above
-`min_delta`: "better, and not by luck". A reply the reward could not score is left out and
+`min_delta`: "better, and not by luck". A paired exact sign test over the tasks where the arms
+differ is reported beside it (`sign_p`). A reply the reward could not score is left out and
 counted (`unscored`); a task with no scored reply in either arm is left out of the pairing.
-Anything that goes wrong (no eval suite, a corrupt artifact, a candidate for another base, an
-engine error) rejects the candidate: the gate fails closed.
+
+An infrastructure fault is not a judgement (reef.gate.faults): a request that times out, loses its
+connection or gets a 5xx is retried (`fault_retries`); a task still failing is void, left out of
+both arms and counted (`void_pairs`). With fewer than `min_valid_pairs` tasks answered, or when the
+engine fails outside any one task, the decision is "void": the candidate is neither selected nor
+rejected and may be gated again. Anything else that goes wrong (no eval suite, a corrupt artifact,
+a candidate for another base, a request the engine refuses) rejects it: the gate fails closed.
 
 A harness candidate (prompts, rules, skills; reef.recipe.harness_recipe) is gated the same way with the
 head's weights answering both arms: each eval prompt is sent with the candidate's harness in one
@@ -31,14 +37,15 @@ import asyncio
 import dataclasses
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
 from reef.core.paths import DataDir
 from reef.gate.evaluator import declared_scenario, score_replies, suite_for
+from reef.gate.faults import Void, fault_of, with_retries
+from reef.gate.stats import bootstrap_ci, sign_test
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.base_model import base_of, ensure_scenario, model_folders
 from reef.registry.candidates import (
@@ -57,8 +64,8 @@ from reef.registry.schema import Release, adapter_name
 from reef.sampling.engine import Arm, EngineSession, GateEngine, NoFreeSlotError, run_session, taking_turns
 from reef.scenario import EvalSuite, Task
 
-__all__ = ["GateConfig", "GateEngine", "HarnessArms", "Weights", "evaluate_candidate", "gate_folders",
-           "gate_weights"]
+__all__ = ["GateConfig", "GateEngine", "GateFaultError", "HarnessArms", "Weights", "bootstrap_ci",
+           "evaluate_candidate", "gate_folders", "gate_weights"]
 Outputs = dict[str, list[list[str]]]
 ARMS = ("candidate", "head")
 
@@ -72,6 +79,25 @@ class GateConfig:
     bootstrap: int = 2000
     probe_tokens: int = 8
     concurrency: int = 64  # engine requests in flight (each asks for `samples` replies)
+    fault_retries: int = 2  # further tries of a sample request after an infrastructure fault
+    fault_backoff_s: float = 1.0  # before the first retry; doubled before each next one
+    min_valid_pairs: int = 16  # tasks the engine must answer in both arms (at most the suite's size)
+    request_timeout_s: float = 600.0  # of one engine request; past it, the request has faulted
+
+
+class GateFaultError(RuntimeError):
+    """The engine faulted outside any one task (e.g. the probe) past its retries: nothing to judge."""
+
+
+@dataclass
+class EngineRun:
+    """What the engine answered: replies per arm (a void task's are empty in both), the fault of
+    each void task, the retries spent, and the candidate's probe reply."""
+
+    outputs: Outputs
+    probe: str = ""
+    faults: dict[int, str] = dataclasses.field(default_factory=dict)
+    retries: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,15 +133,6 @@ class HarnessArms:
         mode = "system_prepend" if self.inject == "off" else self.inject
         return {arm: [t if h is None else {**t, "messages": inject(list(t["messages"]), h, mode)} for t in suite.tasks]
                 for arm, h in (("candidate", self.candidate), ("head", self.head))}
-
-
-def bootstrap_ci(diffs: list[float], confidence: float, resamples: int, seed: int) -> tuple[float, float]:
-    """Percentile interval of the mean of `diffs`, resampling its items with replacement."""
-    values = np.asarray(diffs, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
-    tail = (1.0 - confidence) / 2
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
 
 
 # --- sampling ----------------------------------------------------------------------------------
@@ -160,22 +177,27 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
 
 def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite: EvalSuite,
                     arm_tasks: dict[str, list[Task]], samples: int, config: GateConfig,
-                    progress: bool) -> tuple[Outputs, str]:
+                    progress: bool) -> EngineRun:
     from tqdm.auto import tqdm
 
-    async def body(session: EngineSession) -> tuple[Outputs, str]:
+    async def body(session: EngineSession) -> EngineRun:
         names = dict(zip(("candidate", "head"), await session.prepare(
             [Arm(candidate.served, candidate.adapter), Arm(head.served, head.adapter)]), strict=True))
         bar = tqdm(total=2 * len(suite.tasks), desc="gate (engine)", disable=not progress)
+        tries = [0]
 
-        async def one(arm: str, i: int) -> list[str]:
+        async def once(arm: str, i: int) -> list[str]:
+            tries[0] += 1
             settings: dict[str, Any] = {"samples": samples, "max_tokens": suite.max_new_tokens,
                                         "temperature": suite.temperature, "seed": suite.seed + i}
             if suite.environment is not None:
-                got = await session.episodes(names[arm], dict(arm_tasks[arm][i]), suite.environment,
-                                             suite.max_turns, **settings)
-            else:
-                got = await session.sample(names[arm], dict(arm_tasks[arm][i]), **settings)
+                return await session.episodes(names[arm], dict(arm_tasks[arm][i]), suite.environment,
+                                              suite.max_turns, **settings)
+            return await session.sample(names[arm], dict(arm_tasks[arm][i]), **settings)
+
+        async def one(arm: str, i: int) -> list[str] | Void:
+            # A retry sends the same seed: it samples the replies the first try would have.
+            got = await with_retries(lambda: once(arm, i), config.fault_retries, config.fault_backoff_s)
             bar.update(1)
             return got
 
@@ -191,15 +213,26 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
             raise
         finally:
             bar.close()
-        outputs: Outputs = {"candidate": [], "head": []}
-        for (arm, _), replies in zip(jobs, got, strict=True):
-            outputs[arm].append(replies)
-        # What the swap's canary request (temperature 0, seed 0, messages only) must reproduce.
-        probe = (await session.weights.greedy(names["candidate"], list(suite.prompts[0]), config.probe_tokens)
-                 if config.probe_tokens else "")
-        return outputs, probe
+        run = EngineRun({"candidate": [[] for _ in suite.tasks], "head": [[] for _ in suite.tasks]})
+        for (arm, i), replies in zip(jobs, got, strict=True):
+            if isinstance(replies, Void):
+                run.faults.setdefault(i, replies.fault)
+            else:
+                run.outputs[arm][i] = replies
+        for i in run.faults:  # out of both arms: one arm's replies alone pair with nothing
+            run.outputs["candidate"][i], run.outputs["head"][i] = [], []
+        if config.probe_tokens:
+            # What the swap's canary request (temperature 0, seed 0, messages only) must reproduce.
+            probe = await with_retries(lambda: session.weights.greedy(
+                names["candidate"], list(suite.prompts[0]), config.probe_tokens), config.fault_retries,
+                config.fault_backoff_s)
+            if isinstance(probe, Void):
+                raise GateFaultError(f"the probe request faulted {probe.attempts} times: {probe.fault}")
+            run.probe = probe
+        run.retries = tries[0] - len(jobs)
+        return run
 
-    return run_session(engine, config.concurrency, body)
+    return run_session(engine, config.concurrency, body, config.request_timeout_s)
 
 
 # --- the comparison ----------------------------------------------------------------------------
@@ -209,7 +242,8 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
                  engine: GateEngine | None = None, head_label: str = "head", head_release_id: str | None = None,
                  data_dir: Path | str | None = None, progress: bool = True,
                  harnesses: HarnessArms | None = None) -> GateResult:
-    """Compare two models on `suite`; raises on any error (evaluate_candidate turns that into a reject).
+    """Compare two models on `suite`; raises on any error (evaluate_candidate turns that into a reject,
+    or a void when it is an infrastructure fault).
 
     Through `engine` when the candidate is a LoRA (or a harness, with `harnesses`: both arms on the
     head's weights) and the head runs on the engine's base weights (`head.served` or an adapter);
@@ -224,26 +258,33 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
                  else {arm: list(suite.tasks) for arm in ARMS})
     note = ""
     backend: Literal["engine", "transformers"] = "transformers"
-    outputs: Outputs | None = None
+    run: EngineRun | None = None
     on_engine = candidate.adapter is not None or (harnesses is not None and candidate == head)
     if engine is not None and on_engine and (head.served or head.adapter):
         try:
             with taking_turns(Path(data_dir) if data_dir is not None else None):
-                outputs, probe_text = _engine_outputs(engine, candidate, head, suite, arm_tasks, samples, config,
-                                                      progress)
+                run = _engine_outputs(engine, candidate, head, suite, arm_tasks, samples, config, progress)
             backend = "engine"
         except NoFreeSlotError as exc:
             note = f" (engine: {exc}, so transformers sampled)"
-    if outputs is None:
-        outputs, probe_text = _transformers_outputs(candidate, head, suite, arm_tasks, samples, config, progress)
+    if run is None:
+        run = EngineRun(*_transformers_outputs(candidate, head, suite, arm_tasks, samples, config, progress))
+    outputs = run.outputs
     scored = {arm: score_replies(suite, outputs[arm]) for arm in outputs}
     per_task = {arm: scored[arm].per_task for arm in scored}
     unscored_per_task = {arm: scored[arm].unscored_per_task for arm in scored}
     outcomes = [PromptOutcome(
         messages=list(suite.prompts[i]), candidate_replies=outputs["candidate"][i], head_replies=outputs["head"][i],
         candidate_score=per_task["candidate"][i], head_score=per_task["head"][i],
-        unscored=sum(unscored_per_task[arm][i] for arm in scored),
+        unscored=sum(unscored_per_task[arm][i] for arm in scored), fault=run.faults.get(i),
     ) for i in range(len(suite.tasks))]
+    common = {"head_release_id": head_release_id, "samples_per_prompt": samples, "backend": backend,
+              "void_pairs": len(run.faults), "fault_retries": run.retries, "per_prompt": outcomes}
+    valid, needed = len(outcomes) - len(run.faults), min(config.min_valid_pairs, len(outcomes))
+    if valid < needed:
+        return GateResult(decision="void", reason=f"gate void: {valid} of {len(outcomes)} pairs valid, "
+                          f"{needed} needed ({_faults(run.faults)}){note}",
+                          seconds=round(time.monotonic() - started, 2), **common)
     unscored = sum(o.unscored for o in outcomes)
     paired = [o for o in outcomes if o.candidate_score is not None and o.head_score is not None]
     if not paired:
@@ -253,22 +294,33 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     n = len(diffs)
     delta = sum(diffs) / n
     selected = low > config.min_delta
+    wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    sign_p = sign_test(wins, losses)
     cand_success = sum(o.candidate_score for o in paired) / n  # type: ignore[misc]
     head_success = sum(o.head_score for o in paired) / n  # type: ignore[misc]
-    left_out = f"; {unscored} replies unscored, {len(outcomes) - n} tasks left out" if unscored else ""
+    left_out = f"; {unscored} replies unscored, {valid - n} tasks left out" if unscored else ""
+    void = f"; {len(run.faults)} pairs void ({_faults(run.faults)})" if run.faults else ""
     reason = (f"success {cand_success:.3f} vs {head_success:.3f} ({head_label}); delta {delta:+.3f}, "
               f"{config.confidence:.0%} CI [{low:+.3f}, {high:+.3f}] "
-              f"{'lies' if selected else 'does not lie'} above {config.min_delta:+.3f}{left_out}{note}")
+              f"{'lies' if selected else 'does not lie'} above {config.min_delta:+.3f}; "
+              f"sign test {wins}-{losses} p={sign_p:.3g}{left_out}{void}{note}")
     return GateResult(
-        decision="select" if selected else "reject", reason=reason, head_release_id=head_release_id,
+        decision="select" if selected else "reject", reason=reason,
         candidate_success=round(cand_success, 4), head_success=round(head_success, 4),
         delta=round(delta, 4), ci_low=round(low, 4), ci_high=round(high, 4), confidence=config.confidence,
-        prompts=n, samples_per_prompt=samples, wins=sum(d > 0 for d in diffs),
-        losses=sum(d < 0 for d in diffs), ties=sum(d == 0 for d in diffs), unscored=unscored, backend=backend,
-        probe=(Probe(messages=list(suite.prompts[0]), max_tokens=config.probe_tokens, text=probe_text)
+        prompts=n, wins=wins, losses=losses, ties=n - wins - losses, unscored=unscored, sign_p=sign_p,
+        probe=(Probe(messages=list(suite.prompts[0]), max_tokens=config.probe_tokens, text=run.probe)
                if config.probe_tokens else None),
-        seconds=round(time.monotonic() - started, 2), per_prompt=outcomes,
+        seconds=round(time.monotonic() - started, 2), **common,
     )
+
+
+def _faults(faults: dict[int, str]) -> str:
+    """`29 engine faults: ReadTimeout` / `3 engine faults: 2 HTTP 503, 1 ReadTimeout`."""
+    kinds = Counter(faults.values())
+    named = (next(iter(kinds)) if len(kinds) == 1
+             else ", ".join(f"{count} {kind}" for kind, count in kinds.most_common()))
+    return f"{len(faults)} engine faults: {named}" if faults else "no engine faults"
 
 
 def gate_folders(candidate: Path | str, baseline: Path | str, scenario: str, config: GateConfig | None = None, *,
@@ -371,8 +423,12 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateConf
             result = gate_weights(Weights(*model_folders(store, view.candidate_id)), head_weights, suite, config,
                                   engine=engine, head_label=head.release_id, head_release_id=head.release_id,
                                   data_dir=data_dir, progress=progress)
-    except Exception as exc:  # noqa: BLE001 - the gate fails closed: any error rejects
-        result = GateResult(decision="reject", reason=f"gate error: {exc}",
+    except Exception as exc:  # noqa: BLE001 - the gate fails closed: any error rejects, but a fault judges nothing
+        fault = fault_of(exc)
+        void = fault is not None or isinstance(exc, GateFaultError)
+        reason = (f"gate error: {exc}" if not void else f"gate void: {exc}" if fault is None
+                  else f"gate void: engine fault ({fault}): {exc}")
+        result = GateResult(decision="void" if void else "reject", reason=reason,
                             head_release_id=head.release_id if head else None)
     registry.record_gate(view.candidate_id, result)
     return result

@@ -7,7 +7,19 @@ from starlette.types import ASGIApp
 
 from reef.gateway.admission import ScenarioAdmission
 from reef.gateway.limits import SizeLimits
-from reef.gateway.routes import chat, harness, install, messages, models, records, releases, reports, responses, status
+from reef.gateway.routes import (
+    chat,
+    demonstrations,
+    harness,
+    install,
+    messages,
+    models,
+    records,
+    releases,
+    reports,
+    responses,
+    status,
+)
 from reef.gateway.routes.fastpath import ChatFastPath
 from reef.gateway.state import GatewayState
 from reef.gateway.wire.contract import install_openapi
@@ -23,7 +35,8 @@ def create_app(state: GatewayState) -> FastAPI:
     app.add_middleware(SizeLimits, max_body_bytes=limits.max_body_bytes, max_header_bytes=limits.max_header_bytes)
     install_error_handlers(app)
     install_openapi(app, api_keys=bool(state.config.api_keys))
-    for module in (chat, responses, messages, harness, install, models, reports, records, releases, status):
+    for module in (chat, responses, messages, harness, install, models, reports, records, demonstrations, releases,
+                   status):
         app.include_router(module.router)
     return app
 

@@ -3,8 +3,14 @@
 Each scenario has its own round plan (serve.yaml `scenarios.<s>.recipe`, see reef.learn.round), so
 its own snapshot, consumed ledger, candidates and release chain. Every `interval_s` the learner
 counts what waits for each scenario's recipe, and runs one round (snapshot -> train -> register ->
-gate, `python -m reef.learn.round`) for the next scenario in round-robin order whose count reached
-its `min_records`: a scenario with steady traffic cannot starve another.
+gate, `python -m reef.learn.round`) for the next scenario in round-robin order whose counts reached
+its thresholds: a scenario with steady traffic cannot starve another.
+
+A round waits for enough signal, not for the first record (reef.learn.round.Thresholds): at least
+`min_records` eligible new records, and of the eligible ones `min_rewarded` rewarded and
+`min_unrewarded` unrewarded (learner.min_*, or the recipe setting's; a count the recipe does not
+learn from is not waited for). Until then the scenario's `waiting` (in `GET /reef/status`) says why,
+e.g. `waiting: 3 of 4 rewarded, 12 of 4 unrewarded, 15 of 16 records`.
 
 Rounds run in a separate process, one at a time. On the 2-core machines Reef targets, vLLM keeps
 one core busy and the gateway the other; two training processes would share the same core, each
@@ -40,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from reef.config import CONFIG_FILE_ENV, ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
-from reef.learn.round import RoundPlan, min_records, plan_for_scenario
+from reef.learn.round import RoundPlan, Thresholds, plan_for_scenario, thresholds
 from reef.learn.round_log import Round, RoundLog
 
 if TYPE_CHECKING:
@@ -59,22 +65,40 @@ class ScenarioLearner:
     """One scenario's part of the learner: its plan, and what its rounds did."""
 
     plan: RoundPlan
-    min_records: int
+    thresholds: Thresholds
     recipe: Recipe | None = None  # loaded once, for counting what waits
     rounds: int = 0
     pending: dict[str, int] | None = None
+    waiting: str | None = None  # why no round starts yet (below a threshold); None: due, or not counted yet
     last: dict[str, Any] | None = None
     last_error: str | None = None
     running: bool = False
 
     @property
+    def min_records(self) -> int:
+        return self.thresholds.records
+
+    @property
     def log(self) -> RoundLog:
         return RoundLog.for_data_dir(self.plan.data_dir, self.plan.scenario)
 
+    def count(self) -> None:
+        """Count what waits (reef.learn.round.pending) and whether it is enough to start a round."""
+        from reef.learn.round import pending
+
+        self.pending = pending(self.plan, self.recipe)
+        self.waiting = self.thresholds.shortfall(self.pending)
+
+    def due(self) -> bool:
+        """A round an earlier process left open (killed mid-round) is due whatever waits; else one
+        is due when the last count reached every threshold."""
+        return self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
+
     def describe(self) -> dict[str, Any]:
         current = self.log.current()
-        return {"recipe": self.plan.recipe, "min_records": self.min_records, "running": self.running,
-                "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
+        return {"recipe": self.plan.recipe, "min_records": self.min_records,
+                "thresholds": self.thresholds.model_dump(), "waiting": None if self.running else self.waiting,
+                "running": self.running, "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
                 "last_error": self.last_error, "round": current.public() if current else None}
 
 
@@ -94,7 +118,10 @@ def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
             recipe = plan.load_recipe()
         except (ValueError, TypeError, LookupError, ImportError) as exc:
             raise LearnerConfigError(f"{key}: {exc}") from exc
-        out[name] = ScenarioLearner(plan=plan, min_records=min_records(config, name), recipe=recipe)
+        wait_for = thresholds(config, name, recipe)
+        # The round process checks the thresholds again on what it finds (reef.learn.round.run_round).
+        out[name] = ScenarioLearner(plan=plan.model_copy(update={"wait_for": wait_for}), thresholds=wait_for,
+                                    recipe=recipe)
     return out
 
 
@@ -136,13 +163,15 @@ class Learner:
 
     def describe(self) -> dict[str, Any]:
         """Per scenario under `scenarios`; the top level sums them up (any running, total rounds and
-        pending records, the latest round and the latest standing error)."""
+        pending records, the latest round and the latest standing error) and names, under `waiting`,
+        each scenario whose round waits for more signal, with the reason."""
         per = {name: s.describe() for name, s in self.scenarios.items()}
         running = next((name for name, s in self.scenarios.items() if s.running), None)
         errors = [s.last_error for s in self.scenarios.values() if s.last_error]
         return {"enabled": True, "running": running is not None, "running_scenario": running,
                 "rounds": sum(s.rounds for s in self.scenarios.values()),
                 "pending": {"records": sum((s.pending or {}).get("records", 0) for s in self.scenarios.values())},
+                "waiting": {name: d["waiting"] for name, d in per.items() if d["waiting"]},
                 "last_round": self.last, "last_error": errors[0] if errors else None, "scenarios": per}
 
     def _order(self) -> list[str]:
@@ -157,22 +186,25 @@ class Learner:
         while not self._stop.wait(self.config.learner.interval_s):
             self.tick()
 
-    def tick(self) -> str | None:
-        """Count what waits for every scenario, then run one round for the next eligible one."""
+    def plan_tick(self) -> str | None:
+        """Count what waits for every scenario (each one's `pending` and `waiting` reason); the
+        next scenario, in round-robin order, whose round is due, or None."""
         due = None
         for name in self._order():
             state = self.scenarios[name]
             try:
-                from reef.learn.round import pending
-
-                state.pending = pending(state.plan, state.recipe)
+                state.count()
             except Exception as exc:  # noqa: BLE001 - one scenario's broken data must not stop the others
                 log.exception("counting pending experience of %s failed", name)
                 state.last_error = repr(exc)
                 continue
-            # A round an earlier process left open (killed mid-round) goes first, whatever waits.
-            if due is None and (state.log.open_round() is not None or state.pending["records"] >= state.min_records):
+            if due is None and state.due():
                 due = name
+        return due
+
+    def tick(self) -> str | None:
+        """Count what waits for every scenario, then run one round for the next due one."""
+        due = self.plan_tick()
         if due is None or self._stop.is_set():
             return None
         self._last_ran = due
@@ -198,7 +230,8 @@ class Learner:
         release = self.config.release
         cmd = [sys.executable, "-m", "reef.learn.round", "--plan", str(plan_file), "--out", str(out),
                "--gate-samples", str(release.gate_samples), "--gate-confidence", str(release.gate_confidence),
-               "--gate-min-delta", str(release.gate_min_delta)]
+               "--gate-min-delta", str(release.gate_min_delta), "--gate-fault-retries", str(release.gate_fault_retries),
+               "--gate-min-valid-pairs", str(release.gate_min_valid_pairs)]
         if self.engine_url and self.engine_model:
             cmd += ["--engine-url", self.engine_url, "--engine-model", self.engine_model]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -214,6 +247,9 @@ class Learner:
             state.last_error = f"round exited with code {code}; see {log_path}"
             return
         result = json.loads(out.read_text())
+        if result.get("status") == "waiting":  # less signal than counted (another process took records): no round
+            state.pending, state.waiting = result.get("pending"), result.get("reason")
+            return
         state.last_error = result.get("reason") if result.get("status") == "busy" else None
         if result.get("status") == "trained" and result.get("candidate_id"):
             result["release"] = self._maybe_release(state, result["candidate_id"])

@@ -12,14 +12,20 @@ the experience), so each release builds on the last; a LoRA round on the base mo
 from the head's adapter when the head is a LoRA on that base (`init_adapter`). A LoRA is only ever
 trained on the base model, the only weights an adapter can be served on. Whether a selected
 candidate is released is the server's decision (policy), not the round's.
+
+The learner starts a round only on enough signal (`Thresholds`, from `learner.min_*` and the recipe
+setting's, `thresholds`): eligible new records (what the snapshot would take), and of the eligible
+ones rewarded and unrewarded records (`signal`); a plan that carries them (`wait_for`) is checked
+again by the round itself, which returns `waiting` with the reason instead of starting.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +36,8 @@ from reef.core.crashpoints import crash_point
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from reef.config import ServeConfig
     from reef.gate.evaluate import GateConfig
     from reef.learn.round_log import Round, RoundLog
@@ -38,6 +46,30 @@ if TYPE_CHECKING:
     from reef.recipe.spec import Candidate
     from reef.sampling.engine import GateEngine
     from reef.scenario.schema import RecipeSpec
+
+
+COUNTS = ("rewarded", "unrewarded", "records")  # the signal a round waits for, in the order a reason names it
+
+
+class Thresholds(BaseModel):
+    """What a learner round waits for: eligible new records (those its snapshot would take, were it
+    not capped by `batch_size`: `eligible` in the counts) and, of the eligible ones, rewarded and
+    unrewarded records (`signal`). 0: not waited for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    records: int = Field(default=1, ge=1)
+    rewarded: int = Field(default=0, ge=0)
+    unrewarded: int = Field(default=0, ge=0)
+
+    def shortfall(self, counts: Mapping[str, int]) -> str | None:
+        """None when every count reached its threshold; else why a round waits, every count named,
+        e.g. `waiting: 3 of 4 rewarded, 12 of 4 unrewarded, 15 of 16 records`."""
+        have = {**counts, "records": counts.get("eligible", counts.get("records", 0))}
+        wanted = [(name, getattr(self, name)) for name in COUNTS if getattr(self, name) > 0]
+        if all(have.get(name, 0) >= n for name, n in wanted):
+            return None
+        return "waiting: " + ", ".join(f"{have.get(name, 0)} of {n} {name}" for name, n in wanted)
 
 
 class RoundPlan(BaseModel):
@@ -58,6 +90,8 @@ class RoundPlan(BaseModel):
     candidate_root: Path = DataDir().candidates()
     continue_from_head: bool = True
     import_dirs: list[Path] = Field(default_factory=list, description="folders user recipe modules live in")
+    wait_for: Thresholds | None = Field(default=None, description="the round starts only on this much signal "
+                                        "(the learner's); None: on any eligible record")
 
     def recipe_params(self) -> dict[str, Any]:
         return {"base_model": self.base_model, **self.params, "scenario": self.scenario}
@@ -102,10 +136,25 @@ def plan_for_scenario(config: ServeConfig, scenario: str) -> RoundPlan | None:
                       import_dirs=dirs)
 
 
+def thresholds(config: ServeConfig, scenario: str, recipe: Recipe | None = None) -> Thresholds:
+    """What the learner's round for `scenario` waits for: each count's recipe setting (`min_records`,
+    `min_rewarded`, `min_unrewarded` of `recipes.<name>`), else the learner's, for the counts the
+    recipe learns from (`Recipe.waits_for`; a count it does not is 0 unless its setting names it)."""
+    spec = config.scenario(scenario).recipe_spec(config.recipes)
+    waits = recipe.waits_for if recipe is not None else frozenset(COUNTS)
+
+    def pick(name: str) -> int:
+        own: int | None = getattr(spec, f"min_{name}") if spec is not None else None
+        if own is not None:
+            return own
+        return int(getattr(config.learner, f"min_{name}")) if name in waits or name == "records" else 0
+
+    return Thresholds(records=pick("records"), rewarded=pick("rewarded"), unrewarded=pick("unrewarded"))
+
+
 def min_records(config: ServeConfig, scenario: str) -> int:
     """Eligible records that start a learner round: the recipe's `min_records`, else the learner's."""
-    spec = config.scenario(scenario).recipe_spec(config.recipes)
-    return (spec.min_records if spec else None) or config.learner.min_records
+    return thresholds(config, scenario).records
 
 
 # --- the steps ------------------------------------------------------------------------------
@@ -134,21 +183,53 @@ def from_head(plan: RoundPlan) -> RoundPlan:
 
 
 def pending(plan: RoundPlan, recipe: Recipe | None = None) -> dict[str, int]:
-    """How many records the next snapshot would take, and why the others are left out."""
-    records, counts, _ = selection(plan, recipe)
+    """How many records the next snapshot would take, why the others are left out, how many are
+    eligible (whatever one round's `batch_size` takes) and how many of those are rewarded and
+    unrewarded (`signal`)."""
+    records, counts, _ = selection(plan, recipe, with_signal=True)
     return {"records": records, **counts}
 
 
-def selection(plan: RoundPlan, recipe: Recipe | None = None) -> tuple[int, dict[str, int], str]:
-    """What a snapshot would hold now, without writing anything: (records, counts, content hash)."""
+def selection(plan: RoundPlan, recipe: Recipe | None = None, *,
+              with_signal: bool = False) -> tuple[int, dict[str, int], str]:
+    """What a snapshot would hold now, without writing anything: (records, counts, content hash);
+    `with_signal`: the counts include `eligible`, `rewarded` and `unrewarded` (`signal`)."""
     from reef.experience import load
     from reef.recipe import ledger
     from reef.recipe.snapshot import content_hash, select
 
-    spec = (recipe or plan.load_recipe()).experience()
+    recipe = recipe or plan.load_recipe()
+    spec = recipe.experience()
     taken = set(ledger.consumed(plan.ledger_root, plan.scenario)["record_id"].to_list())
-    frame, counts = select(load(plan.scenario, plan.experience_dir).collect(), spec, taken)
+    experience = load(plan.scenario, plan.experience_dir).collect()
+    frame, counts = select(experience, spec, taken)
+    if with_signal:
+        counts.update(signal(experience, recipe, taken, frame))
     return frame.height, counts, content_hash(frame, spec)
+
+
+def signal(experience: pl.DataFrame, recipe: Recipe, taken: set[str],
+           selected: pl.DataFrame | None = None) -> dict[str, int]:
+    """What waits for the recipe, whatever one round takes: `eligible`, the new records its spec
+    selects, not capped by `batch_size`; and of the new records it could learn from (unconsumed,
+    trainable and reported, not cut by its `min_score` either) how many are `rewarded` (at least
+    `recipe.success_threshold()`, or above 0 when it is None) and `unrewarded` (below it).
+    `selected`: the spec's own selection, reused where it is the same."""
+    import polars as pl
+
+    from reef.recipe.snapshot import select
+
+    spec = recipe.experience()
+    # batch_size 0: a recipe that makes its own samples takes no records, however many wait.
+    uncapped = dataclasses.replace(spec, batch_size=None) if spec.batch_size else spec
+    eligible = selected if selected is not None and uncapped == spec else select(experience, uncapped, taken)[0]
+    wide = dataclasses.replace(uncapped, min_score=None, needs_reports=True)
+    frame = eligible if wide == uncapped else select(experience, wide, taken)[0]
+    reported = frame.filter(pl.col("score").is_not_null())
+    threshold = recipe.success_threshold()
+    good = pl.col("score") >= threshold if threshold is not None else pl.col("score") > 0
+    rewarded = reported.filter(good).height
+    return {"eligible": eligible.height, "rewarded": rewarded, "unrewarded": reported.height - rewarded}
 
 
 def take_snapshot(plan: RoundPlan, recipe: Recipe | None = None) -> Snapshot:
@@ -193,6 +274,7 @@ def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluat
     """snapshot -> train -> register -> gate, each step a transition of the scenario's round log
     (reef.learn.round_log). A round that an earlier process left open is closed first: resumed from
     its last durable step (its result is returned) or abandoned (then a new round runs).
+    A plan with `wait_for` starts no round below it: {"status": "waiting", "reason", "pending"}.
     {"status": "trained" | "nothing_new", "round", "round_state", "pending": counts, "snapshot",
     "candidate" (candidate.json), "candidate_id", "metrics", "gate" (without per-prompt outputs)}."""
     from reef.learn.round_log import RoundLog
@@ -203,8 +285,11 @@ def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluat
         if resumed is not None:
             return resumed
         recipe = plan.load_recipe()
-        records, counts, _ = selection(plan, recipe)
+        records, counts, _ = selection(plan, recipe, with_signal=plan.wait_for is not None)
         waiting = {"records": records, **counts}
+        short = plan.wait_for.shortfall(waiting) if plan.wait_for is not None else None
+        if short is not None:  # the learner counted enough, but not this much is here now: start nothing
+            return {"status": "waiting", "scenario": plan.scenario, "pending": waiting, "reason": short}
         if records == 0 and recipe.needs_experience:
             return {"status": "nothing_new", "scenario": plan.scenario, "pending": waiting}
         rnd = log.begin(plan.recipe)
@@ -275,7 +360,12 @@ def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, gate_config: 
     assert rnd.candidate_id is not None
     result = evaluate_candidate(plan.data_dir, rnd.candidate_id, gate_config, progress=progress, engine=engine)
     log.append(rnd, "gated", resumed=resumed, decision=result.decision, reason=result.reason)
-    if result.decision != "select":
+    if result.decision == "void":
+        # An engine fault is no judgement: the candidate stays registered (state gate_void) and is
+        # neither released nor rejected; gating it again (`reef gate`) judges it.
+        log.append(rnd, "done", resumed=resumed, reason=f"{result.reason}; not judged: gate candidate "
+                   f"{rnd.candidate_id} again with `reef gate`")
+    elif result.decision != "select":
         log.append(rnd, "rejected", resumed=resumed, reason=result.reason)
     return {"candidate_id": rnd.candidate_id, "gate": result.model_dump(mode="json", exclude={"per_prompt"})}
 
@@ -334,11 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate-samples", type=int, default=GateConfig.samples)
     parser.add_argument("--gate-confidence", type=float, default=GateConfig.confidence)
     parser.add_argument("--gate-min-delta", type=float, default=GateConfig.min_delta)
+    parser.add_argument("--gate-fault-retries", type=int, default=GateConfig.fault_retries)
+    parser.add_argument("--gate-min-valid-pairs", type=int, default=GateConfig.min_valid_pairs)
     add_engine_arguments(parser)
     args = parser.parse_args(argv)
     plan = RoundPlan.model_validate_json(args.plan.read_text())
     gate_config = GateConfig(samples=args.gate_samples, confidence=args.gate_confidence,
-                             min_delta=args.gate_min_delta)
+                             min_delta=args.gate_min_delta, fault_retries=args.gate_fault_retries,
+                             min_valid_pairs=args.gate_min_valid_pairs)
     try:
         result = run_round(plan, gate_config, engine=engine_of(args.engine_url, args.engine_model), progress=False)
     except EmptySnapshotError as exc:

@@ -83,6 +83,10 @@ class Recipe(ABC):
     stale_policies: ClassVar[tuple[str, ...]] = ("drop", "downweight")
     # False: the recipe generates its own samples and takes no recorded traffic.
     needs_experience: ClassVar[bool] = True
+    # What a learner round waits for (reef.learn.round.thresholds): eligible "records", "rewarded"
+    # and "unrewarded" ones (see success_threshold), each up to learner.min_<count> or the recipe
+    # setting's. A count left out is not waited for unless the recipe setting names it.
+    waits_for: ClassVar[frozenset[str]] = frozenset({"records", "rewarded", "unrewarded"})
     # The serving engine (vLLM's OpenAI server and base-model name), for recipes that ask a model
     # (harness_evolve's llm proposer); the round sets it when it has one.
     engine: GateEngine | None = None
@@ -111,6 +115,11 @@ class Recipe(ABC):
             config, _ = resolve()
             self._scenario = get_scenario(self.config.scenario, config)
         return self._scenario
+
+    def success_threshold(self) -> float | None:
+        """The reward at or above which a record counts as rewarded when a round waits for signal;
+        None: any reward above 0 (the others, 0 or below, are unrewarded)."""
+        return self.config.min_score
 
     @property
     def ref(self) -> str:

@@ -158,6 +158,13 @@ class HarnessRecipe(Recipe):
 
     config_class: ClassVar[type[RecipeConfig]] = HarnessConfig
     produces: ClassVar[str] = CANDIDATE_KIND
+    # A harness learns from what went wrong: a round waits for failures, not for successes.
+    waits_for: ClassVar[frozenset[str]] = frozenset({"records", "unrewarded"})
+
+    def success_threshold(self) -> float | None:
+        config = self.config
+        assert isinstance(config, HarnessConfig)
+        return config.failure_below
 
     def propose(self, context: ProposalContext) -> list[Mutation]:
         raise NotImplementedError

@@ -41,21 +41,26 @@ LOCK_FILE = "CANDIDATES.LOCK"
 GATE_DIR = "gate"
 MIN_PREFIX = 8
 
-Status = Literal["registered", "selected", "rejected", "released"]
+Status = Literal["registered", "selected", "rejected", "void", "released"]
 EventKind = Literal["registered", "evaluated", "rejected", "released"]
 
 # The states a candidate goes through. `gate_rejected` shows as status "rejected" but may be gated
 # again (a fixed eval suite, a gate error); a person's rejection and a release are final.
+# `gate_void` (status "void") is a gate that could not judge (too few pairs the engine answered,
+# reef.gate.faults): no judgement either way, so not releasable (its result proves nothing) and
+# gated again as is.
+_GATED = {"selected", "gate_rejected", "gate_void"}
 TRANSITIONS = Transitions("candidate", {
     None: {"registered"},
-    "registered": {"selected", "gate_rejected", "rejected"},
-    "selected": {"selected", "gate_rejected", "rejected", "released"},
-    "gate_rejected": {"selected", "gate_rejected", "rejected"},
+    "registered": {*_GATED, "rejected"},
+    "selected": {*_GATED, "rejected", "released"},
+    "gate_rejected": {*_GATED, "rejected"},
+    "gate_void": {*_GATED, "rejected"},
     "rejected": set(),
     "released": set(),
 })
 _STATUS: dict[str, Status] = {"registered": "registered", "selected": "selected", "gate_rejected": "rejected",
-                              "rejected": "rejected", "released": "released"}
+                              "gate_void": "void", "rejected": "rejected", "released": "released"}
 
 
 class CandidateError(RuntimeError):
@@ -77,6 +82,7 @@ class PromptOutcome(BaseModel):
     candidate_score: float | None  # None: the reward scored none of this arm's replies
     head_score: float | None
     unscored: int = 0  # replies (both arms) the reward could not score
+    fault: str | None = None  # set: the engine faulted on this task past its retries; void, in neither arm
 
 
 class Probe(BaseModel):
@@ -88,7 +94,8 @@ class Probe(BaseModel):
 
 
 class GateResult(BaseModel):
-    decision: Literal["select", "reject"]
+    decision: Literal["select", "reject", "void"] = Field(
+        description="void: too few pairs the engine answered to judge (infrastructure faults); no judgement")
     reason: str
     head_release_id: str | None = None
     candidate_success: float | None = None
@@ -103,6 +110,9 @@ class GateResult(BaseModel):
     losses: int = 0
     ties: int = 0
     unscored: int = Field(default=0, description="replies the reward could not score: left out, never counted as 0")
+    void_pairs: int = Field(default=0, description="tasks left out of both arms: the engine faulted past the retries")
+    fault_retries: int = Field(default=0, description="sample requests retried after an infrastructure fault")
+    sign_p: float | None = Field(default=None, description="two-sided exact sign test over the pairs that differ")
     backend: Literal["engine", "transformers"] | None = Field(default=None, description="what sampled the replies")
     probe: Probe | None = None
     evaluated_at: datetime = Field(default_factory=utcnow)
@@ -123,7 +133,7 @@ class CandidateEvent(LogEvent):
 
 def _next_state(event: CandidateEvent) -> str:
     if event.event == "evaluated":
-        return "selected" if event.data.get("decision") == "select" else "gate_rejected"
+        return {"select": "selected", "void": "gate_void"}.get(str(event.data.get("decision")), "gate_rejected")
     return event.event
 
 

@@ -228,7 +228,8 @@ def taking_turns(data_dir: Path | None) -> Iterator[None]:
         os.close(fd)
 
 
-def run_session(engine: GateEngine, concurrency: int, body: Callable[[EngineSession], Awaitable[T]]) -> T:
+def run_session(engine: GateEngine, concurrency: int, body: Callable[[EngineSession], Awaitable[T]],
+                timeout_s: float = 600.0) -> T:
     """Run `body` with a session whose adapters are unloaded afterwards, whatever happens.
 
     SIGTERM (the learner stopping a round) cancels the body, so its adapters are unloaded before
@@ -236,7 +237,7 @@ def run_session(engine: GateEngine, concurrency: int, body: Callable[[EngineSess
     runs on a thread of its own."""
 
     async def main() -> T:
-        session = EngineSession(engine, concurrency)
+        session = EngineSession(engine, concurrency, timeout_s)
         loop, task = asyncio.get_running_loop(), asyncio.current_task()
         terminated = threading.Event()
         handle_sigterm = threading.current_thread() is threading.main_thread() and task is not None

@@ -34,3 +34,22 @@ def load_model(path: Path | str, adapter: Path | str | None = None, *, trainable
         # A PeftModel forwards what it does not define to the model it wraps.
         model = cast(PreTrainedModel, peft) if trainable else cast(PreTrainedModel, peft.merge_and_unload())
     return (model if trainable else model.eval()), load_tokenizer(path)
+
+
+def load_gguf(file: Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A GGUF checkpoint dequantized into a plain transformers model that `save_pretrained` accepts.
+
+    transformers refuses to save a model loaded from GGUF (it counts as quantized), so the weights
+    move into a fresh model built from the same config without the quantization entry."""
+    file = Path(file)
+    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    loaded = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    state = loaded.state_dict()
+    del loaded
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model.eval(), tokenizer

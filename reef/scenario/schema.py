@@ -63,7 +63,12 @@ class RecipeSpec(_Strict):
     batch_size: int | None = Field(default=None, ge=1, description="eligible rewarded records one round takes")
     max_staleness: int | None = Field(default=None, ge=0, description="releases behind the head a record may be")
     stale_policy: StalePolicy | None = Field(default=None, description="drop | downweight records past max_staleness")
-    min_records: int | None = Field(default=None, ge=1, description="eligible records needed to start a round")
+    min_records: int | None = Field(default=None, ge=1, description="eligible records needed to start a round; "
+                                    "unset: learner.min_records")
+    min_rewarded: int | None = Field(default=None, ge=0, description="eligible rewarded records needed to start a "
+                                     "round; unset: learner.min_rewarded, if the recipe learns from rewards")
+    min_unrewarded: int | None = Field(default=None, ge=0, description="eligible unrewarded records needed to start "
+                                       "a round; unset: learner.min_unrewarded, if the recipe learns from them")
     params: dict[str, Any] = Field(default_factory=dict, description="the recipe config's own fields")
 
     def recipe_params(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import httpx
 import openai
 
 from reef.serve_process import ServeProcess
+from tests.helpers import MODEL_NAME
 
 
 class Gateway(ServeProcess):
@@ -16,7 +17,11 @@ class Gateway(ServeProcess):
 
     def __init__(self, workdir: Path, upstream_url: str, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None):
-        super().__init__(workdir, ["--upstream-url", upstream_url, *(extra_args or [])], env)
+        extra_args = extra_args or []
+        if "--model" not in extra_args:
+            # The session's engine serves the test model under MODEL_NAME, not the default model's name.
+            env = {"REEF_SERVED_MODEL_NAME": MODEL_NAME, **(env or {})}
+        super().__init__(workdir, ["--upstream-url", upstream_url, *extra_args], env)
 
     def client(self, **headers: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", default_headers=headers or None,

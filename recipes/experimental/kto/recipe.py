@@ -87,6 +87,11 @@ class KTO(Recipe):
     config_class = KTOConfig
     stale_policies = ("drop",)
 
+    def success_threshold(self) -> float | None:
+        """Thumbs up: a round waits for enough of both labels."""
+        assert isinstance(self.config, KTOConfig)
+        return self.config.threshold
+
     def build_trainer(
         self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path
     ) -> KTOTrainer:
