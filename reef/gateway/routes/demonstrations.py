@@ -67,13 +67,22 @@ class ImportReceipt(BaseModel):
     report_ids: list[str]
 
 
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        got = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 async def _tokenize(st: GatewayState, body: dict[str, Any], what: str) -> list[int]:
     status, raw = await st.upstream.post("/tokenize", {"model": st.config.model_name, **body})
-    if status == 400:  # the engine could not render these messages (bad roles, content it rejects)
-        message = orjson.loads(raw).get("error", {}).get("message") if raw.startswith(b"{") else None
-        raise ReefError(400, f"{what}: the engine cannot render these messages ({message or status})",
+    if 400 <= status < 500:  # the engine could not render these messages (roles, content it rejects)
+        error = _json(raw).get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        raise ReefError(400, f"{what}: the engine cannot render these messages ({message or f'HTTP {status}'})",
                         param="demonstrations")
-    tokens = orjson.loads(raw).get("tokens") if status == 200 else None
+    tokens = _json(raw).get("tokens") if status == 200 else None
     if not isinstance(tokens, list):
         raise ReefError(503, f"the engine has no usable /tokenize (HTTP {status}): demonstrations need the "
                         "engine's own token ids", code="tokenize_unavailable")
@@ -101,6 +110,11 @@ async def import_demonstrations(body: ImportIn, request: Request) -> ImportRecei
     st = get_state(request)
     auth.admin(st.config, request)  # what trains the next release is an operator's call
     scenario = h.scenario_of(request)
+    try:  # what JSON parsing let through but cannot be sent on: lone surrogates, integers past 64 bits
+        orjson.dumps(body.model_dump())
+    except orjson.JSONEncodeError as exc:
+        raise ReefError(400, f"demonstrations: not representable as JSON for the engine ({exc})",
+                        param="demonstrations") from exc
     release_id = st.routes.pick(scenario).release_id
     tags = {**h.tags_of(request), SOURCE_TAG: "demonstration"}
     # Tokenize every one first: a bad demonstration refuses the whole import, nothing half-written.
