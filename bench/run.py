@@ -29,6 +29,7 @@ BENCHES: dict[str, list[str]] = {
     "harness": ["bench/harness.py"],
     "dashboard": ["bench/dashboard.py"],
     "cpu_lora_fix": ["bench/cpu_lora_fix.py"],
+    "engine_speed": ["bench/engine_speed.py"],
     "learning": ["bench/learning.py"],
     "learning_online_rl": ["bench/learning.py", "--scenarios", "demo-add", "--recipe", "online_rl",
                            "--param", "max_steps=60", "--no-next-turn"],
