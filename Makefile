@@ -42,11 +42,12 @@ demo: $(STAMP)
 
 # Debian packages the tests need, in one apt-get (two at once would fight over dpkg's lock):
 # Chromium for the dashboard's browser test (Playwright drives it through executable_path, no
-# browser download), node and npm for the Pi agent. apt-get as root, else through sudo.
+# browser download), node and npm for the Pi agent, tcmalloc for vLLM on CPU (engine.tcmalloc). apt-get as root, else through sudo.
 .PHONY: debs chromium
 debs:
 	@missing=""; command -v chromium >/dev/null || missing="chromium"; \
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	[ -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] || missing="$$missing libtcmalloc-minimal4"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; fi

@@ -144,3 +144,18 @@ def test_the_engine_group_dies_with_the_gateway(tmp_path: Path, sig: signal.Sign
     finally:
         if gateway.poll() is None:
             gateway.kill()
+
+
+def test_tcmalloc_is_preloaded_into_vllm_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reef.engine.supervisor import TCMALLOC
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    on = EngineSupervisor(ServeConfig(data_dir=tmp_path), tmp_path / "vllm.log").environment()
+    assert (on.get("LD_PRELOAD") == str(TCMALLOC)) == TCMALLOC.exists(), on.get("LD_PRELOAD")
+    off = EngineSupervisor(ServeConfig(data_dir=tmp_path, engine={"tcmalloc": False}),  # type: ignore[arg-type]
+                           tmp_path / "vllm.log").environment()
+    assert "LD_PRELOAD" not in off
+    monkeypatch.setenv("LD_PRELOAD", "/opt/mine.so")  # the user's own preload is kept
+    kept = EngineSupervisor(ServeConfig(data_dir=tmp_path), tmp_path / "vllm.log").environment()
+    assert kept["LD_PRELOAD"].endswith("/opt/mine.so")

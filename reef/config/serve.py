@@ -45,6 +45,8 @@ class EngineConfig(_Strict):
     )
     dtype: str | None = Field(default=None, description="vLLM --dtype; unset: the checkpoint's own dtype")
     kv_cache_gib: int = Field(default=2, ge=1)
+    tcmalloc: bool = Field(default=True, description="on CPU, preload tcmalloc into vLLM when Debian's "
+                           "libtcmalloc-minimal4 is installed (as vLLM's CPU guide advises)")
     enforce_eager: bool = False
     startup_timeout_s: float = 600.0
     enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")

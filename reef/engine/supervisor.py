@@ -39,6 +39,7 @@ REAPER = Path(__file__).with_name("reaper.py")  # run as a script: it imports no
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # between failed restarts; the last repeats
 POLL_S = 0.5
 GROUP_GRACE_S = 10.0
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 
 
 class EngineError(RuntimeError):
@@ -135,6 +136,11 @@ class EngineSupervisor:
             # process imports torch and vLLM (~15 s of CPU each on 2 cores), so a start takes
             # 10-20 s less and ~0.6 GB less; 32 concurrent 64-token chats ran as fast (1.8-2.5k tokens/s both ways).
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            preload = env.get("LD_PRELOAD", "")
+            if self.config.engine.tcmalloc and TCMALLOC.exists() and "tcmalloc" not in preload:
+                # glibc's malloc is what vLLM's CPU guide says to replace: bench/engine_speed.py
+                # (variant tcmalloc) measures the difference on the default model.
+                env["LD_PRELOAD"] = f"{TCMALLOC}:{preload}" if preload else str(TCMALLOC)
         if Path(self.config.model_path).exists():
             env.setdefault("HF_HUB_OFFLINE", "1")
         cache = DataDir(Path(self.config.data_dir).resolve()).cache
