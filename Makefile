@@ -32,11 +32,13 @@ $(STAMP): pyproject.toml
 	if [ "$(ENGINE)" = "cpu" ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
 	touch $(STAMP)
 
-# The embedded default model, built from scratch (minutes on a CPU); rebuilt only when the corpus
-# (every installed `reef.corpus` part), seed or step count changed.
+# The 1M test model (engine-mechanics tests, the tiny-model scenarios), built from scratch (minutes on
+# a CPU); rebuilt only when the corpus (every installed `reef.corpus` part), seed or step count changed.
+# The embedded default, SmolLM2-135M-Instruct, builds itself on first use (`reef model fetch`).
 model: $(STAMP)
 	$(BIN)/reef model build-tiny --out data/models/tiny --if-stale
 
+# The loop on SmolLM2-135M-Instruct with examples/sentiment (reef/demo/run.py): about 8 minutes on 2 cores.
 demo: $(STAMP)
 	$(BIN)/python -m reef.demo.run
 

@@ -31,6 +31,7 @@ BENCHES: dict[str, list[str]] = {
     "cpu_lora_fix": ["bench/cpu_lora_fix.py"],
     "engine_speed": ["bench/engine_speed.py"],
     "learning": ["bench/learning.py"],
+    "learning_default_model": ["bench/learning_default_model.py"],
     "learning_online_rl": ["bench/learning.py", "--scenarios", "demo-add", "--recipe", "online_rl",
                            "--param", "max_steps=60", "--no-next-turn"],
     "online_rl_sweep": ["bench/online_rl_sweep.py"],

@@ -25,10 +25,11 @@ from reef.demo import rules as demo
 from reef.experience import load
 from reef.gate.evaluate import GateConfig, GateEngine, HarnessArms, evaluate_candidate
 from reef.learn.round import RoundPlan, run_round
-from reef.recipe.harness_recipe import Failure, Mutation, NothingToProposeError, apply_mutations
+from reef.recipe import load_recipe
+from reef.recipe.harness_recipe import Failure, Mutation, NothingToProposeError, ProposalContext, apply_mutations
 from reef.recipe.snapshot import Snapshot
 from reef.registry.candidates import register_candidate
-from reef.registry.harness import Harness
+from reef.registry.harness import SHOTS_FILE, Harness, inject
 from reef.scenario import eval_suite, get_scenario
 from reef.traffic.offline import record_offline_traffic
 from tests.helpers import MODEL_NAME, TINY, wait_for
@@ -210,3 +211,33 @@ def test_evolve_gate_and_release_a_harness_on_the_engine(vllm_url: str, tmp_path
         assert raw.parse().choices[0].message.content.strip() in demo.KINDS  # the bare label now
     finally:
         gw.stop()
+
+
+def test_corrections_become_few_shot_examples_served_before_the_conversation() -> None:
+    """The mined proposer turns corrected failures into shots.jsonl (distinct corrections first, at
+    most max_shots, only while the harness has none); inject() puts them after the system prompt
+    as earlier turns, whatever the mode; a line that is not a shot is left out."""
+    def fixed(i: int, reply: str) -> Failure:
+        return Failure(f"r{i}", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"q{i}"}],
+                       "prose", 0.0, None, reply)
+
+    fails = [fixed(0, "A"), fixed(1, "A"), fixed(2, "B"), failure("r3", "no correction"), fixed(4, "C")]
+    evolve = load_recipe("harness_evolve", {"scenario": S, "proposer": "mined", "max_shots": 3})
+    context = ProposalContext(scenario=S, files={}, harness_id=None, failures=fails, records=5, inject="system_prepend")
+    (mutation,) = evolve.propose(context)
+    assert (mutation.op, mutation.path) == ("create", SHOTS_FILE)
+    harness = Harness("", {SHOTS_FILE: mutation.content + "not json\n{\"user\": 1}\n", "rules.md": "- Rule.\n"})
+    assert harness.shots() == [("q0", "A"), ("q2", "B"), ("q4", "C")]
+    assert evolve.propose(ProposalContext(**{**context.__dict__, "files": {SHOTS_FILE: mutation.content}})) == []
+
+    shots = [{"role": "user", "content": "q0"}, {"role": "assistant", "content": "A"},
+             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "B"},
+             {"role": "user", "content": "q4"}, {"role": "assistant", "content": "C"}]
+    client = [{"role": "system", "content": "Mine."}, {"role": "user", "content": "hi"}]
+    assert inject(client, harness, "system_prepend") == [{"role": "system", "content": "- Rule.\n\nMine."}, *shots,
+                                                         client[1]]
+    assert inject(client, harness, "system_replace") == [{"role": "system", "content": "- Rule."}, *shots, client[1]]
+    only_shots = Harness("", {SHOTS_FILE: mutation.content})
+    assert inject(client[1:], only_shots, "system_prepend") == [*shots, client[1]]
+    assert inject(client, only_shots, "system_prepend") == [client[0], *shots, client[1]]
+    assert inject(client, harness, "off") == client

@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from reef.cli import main as reef_main
-from reef.config import resolve
+from reef.config import ServeConfig, resolve
 from reef.scenario import (
     JudgeSpec,
     RewardError,
+    Scenario,
     ScenarioError,
     Score,
     all_scenarios,
@@ -292,3 +293,55 @@ def test_the_reviews_example_is_declared_only_through_the_contract() -> None:
     before = {name: (REVIEWS / name).read_bytes() for name in ("eval.jsonl", "tasks.jsonl")}
     subprocess.run([sys.executable, str(REVIEWS / "generate.py")], check=True, capture_output=True)
     assert {name: (REVIEWS / name).read_bytes() for name in before} == before
+
+
+def _default_model_example(name: str) -> tuple[ServeConfig, Scenario, list[dict], list[dict]]:
+    """An example folder declared for the default model: (config, scenario, eval rows, task rows),
+    after checking that its serve.yaml names no model and its jsonl files are what generate.py writes."""
+    folder = REPO / "examples" / name
+    config, _ = resolve(config_file=folder / "serve.yaml")
+    assert config.model is None, "the embedded default serves it"
+    scenario = all_scenarios(config)[name]
+    before = {f: (folder / f).read_bytes() for f in ("eval.jsonl", "tasks.jsonl")}
+    subprocess.run([sys.executable, str(folder / "generate.py")], check=True, capture_output=True)
+    assert {f: (folder / f).read_bytes() for f in before} == before
+    tasks = load_tasks(scenario.resolve_path(scenario.tasks), f"{name}: tasks")
+    return config, scenario, eval_suite(scenario).tasks, tasks
+
+
+@pytest.mark.model_free
+def test_the_sentiment_example_is_declared_only_through_the_contract() -> None:
+    """examples/sentiment (what `make demo` runs on the default model): rft with corrections; eval
+    reviews are held out from the tasks; every row carries the `reference` a correcting user sends;
+    the strict reward pays the exact reply only."""
+    config, scenario, held_out, tasks = _default_model_example("sentiment")
+    assert len(held_out) == 48 and len(tasks) == 256
+    prompts = lambda rows: {r["messages"][-1]["content"] for r in rows}  # noqa: E731
+    assert not prompts(held_out) & prompts(tasks)
+    assert all(r["reference"] == f"Label: {r['label']}" for r in [*held_out, *tasks])
+    assert "reef" not in (REPO / "examples" / "sentiment" / "reward.py").read_text()
+    task = held_out[0]
+    other = "negative" if task["label"] == "positive" else "positive"
+    replies = [task["reference"], f"{task['reference']}.", f"The review is {task['label']}.", f"Label: {other}"]
+    assert [s.value for s in eval_suite(scenario).reward([task] * 4, replies)] == [1.0, 1.0, 0.0, 0.0]
+    spec = config.scenario("sentiment").recipe_spec(config.recipes)
+    assert spec.recipe == "rft" and spec.params["corrections"] is True and spec.params["kind"] == "lora"
+
+
+@pytest.mark.model_free
+def test_the_orders_example_learns_through_the_harness() -> None:
+    """examples/orders (harness only): harness_evolve with the mined proposer and a greedy eval;
+    held-out messages use names and ids no task has; the reward gives the format as feedback when
+    wrong; every row carries its reference reply."""
+    config, scenario, held_out, tasks = _default_model_example("orders")
+    assert len(held_out) == 32 and len(tasks) == 256
+    assert not {r["name"] for r in held_out} & {r["name"] for r in tasks}
+    assert not {r["order"] for r in held_out} & {r["order"] for r in tasks}
+    assert all(r["reference"] == f"ORDER {r['order']} | NAME {r['name']}" for r in [*held_out, *tasks])
+    task = held_out[0]
+    got = eval_suite(scenario).reward([task] * 3, [task["reference"], task["reference"] + ".",
+                                                   f"The order is {task['order']}."])
+    assert [s.value for s in got] == [1.0, 1.0, 0.0] and got[2].feedback and got[0].feedback is None
+    spec = config.scenario("orders").recipe_spec(config.recipes)
+    assert spec.recipe == "harness_evolve" and spec.params["proposer"] == "mined"
+    assert scenario.harness.inject == "system_prepend" and scenario.eval.temperature == 0.0

@@ -8,7 +8,11 @@ Two proposers (`proposer:`):
 - `mined` (deterministic, no model): splits the failures' feedback into sentences and turns the
   ones that recur in at least `min_support` of the failed records (and `min_count` of them) into
   rules, appended to `rules.md` (created when absent), at most `max_rules` per round, skipping what
-  the harness says already. "Reply with only the label." said on most failures becomes a rule.
+  the harness says already. "Reply with only the label." said on most failures becomes a rule. And
+  when failures carry a correction (the reply their report wanted) and the harness has no few-shot
+  examples yet, up to `max_shots` of them become `shots.jsonl` (the user's message and its
+  correction, distinct corrections first): a small model that ignores a rule it is told follows a
+  format it is shown.
 - `llm`: shows a model the harness files and up to `max_examples` failures (prompt, reply, score,
   feedback) and asks for mutations as JSON (`{"mutations": [{"op", "path", "content", "reason"}]}`).
   The model is `teacher_url`/`teacher_model` (any OpenAI-compatible server), else the serving engine
@@ -37,7 +41,7 @@ from reef.recipe.harness_recipe import (
     ProposalContext,
     apply_mutations,
 )
-from reef.registry.harness import RULES_FILE, Harness
+from reef.registry.harness import RULES_FILE, SHOTS_FILE, Harness
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
@@ -49,6 +53,7 @@ class HarnessEvolveConfig(HarnessConfig):
     min_support: float = 0.3  # share of failed records whose feedback says a sentence
     min_count: int = 3
     max_rules: int = 2
+    max_shots: int = 3  # few-shot examples made from corrections; 0: none
     # llm
     teacher_url: str | None = None  # an OpenAI-compatible base URL; None: the serving engine
     teacher_model: str | None = None
@@ -79,6 +84,26 @@ def mine_rules(failures: list[Failure], known: str, min_support: float, min_coun
     out = [spelled[s] for s, n in sorted(said.items(), key=lambda kv: (-kv[1], kv[0]))
            if n >= min_count and n >= min_support * records and s not in known_lower]
     return out[:limit]
+
+
+def pick_shots(failures: list[Failure], limit: int) -> list[tuple[str, str]]:
+    """Up to `limit` (user message, correction) pairs from corrected failures, oldest first, one
+    per distinct correction before any repeats, so the examples show the range of wanted replies."""
+    pairs = []
+    for f in failures:
+        user = next((m["content"] for m in reversed(f.messages) if m["role"] == "user"), "")
+        if f.correction and user and (user, f.correction) not in pairs:
+            pairs.append((user, f.correction))
+    first: dict[str, tuple[str, str]] = {}
+    for user, reply in pairs:
+        first.setdefault(reply, (user, reply))
+    distinct = list(first.values())
+    return (distinct + [p for p in pairs if p not in distinct])[:limit]
+
+
+def shots_mutation(shots: list[tuple[str, str]], reason: str) -> Mutation:
+    content = "".join(json.dumps({"user": u, "assistant": a}, ensure_ascii=False) + "\n" for u, a in shots)
+    return Mutation(op="create", path=SHOTS_FILE, content=content, reason=reason)
 
 
 def rules_mutation(files: dict[str, str], rules: list[str], reason: str) -> Mutation:
@@ -152,10 +177,13 @@ class HarnessEvolve(HarnessRecipe):
         if c.proposer == "mined":
             known = Harness("", context.files).system_prompt()
             rules = mine_rules(context.failures, known, c.min_support, c.min_count, c.max_rules)
-            if not rules:
-                return []
-            return [rules_mutation(context.files, rules, f"recurring feedback on {len(context.failures)} "
-                                                         "low-reward replies")]
+            out = [rules_mutation(context.files, rules, f"recurring feedback on {len(context.failures)} "
+                                                        "low-reward replies")] if rules else []
+            shots = pick_shots(context.failures, c.max_shots) if SHOTS_FILE not in context.files else []
+            if shots:
+                corrected = sum(1 for f in context.failures if f.correction)
+                out.append(shots_mutation(shots, f"{len(shots)} of the corrections of {corrected} low-reward replies"))
+            return out
         if c.proposer == "llm":
             return self._ask_model(context)
         raise ValueError(f"harness_evolve: proposer must be 'mined' or 'llm', not {c.proposer!r}")

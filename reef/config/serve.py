@@ -152,7 +152,8 @@ class ReleaseConfig(_Strict):
         "only succeed (request: for engines whose numerics differ from transformers')",
     )
     keep_adapters: int = Field(default=3, ge=2, description="LoRA adapters kept loaded (head, previous, ...)")
-    gate_samples: int = Field(default=4, ge=1)
+    gate_samples: int | None = Field(default=None, ge=1, description="replies per eval task and arm in the learner's "
+                                     "gate; unset: each scenario's eval.samples")
     gate_confidence: float = Field(default=0.95, gt=0, lt=1)
     gate_min_delta: float = Field(default=0.0, description="select iff the CI's lower bound is above this")
     gate_fault_retries: int = Field(default=2, ge=0, description="further tries of a gate request after an engine "

@@ -3,7 +3,8 @@ trains on what they reported, the gate selects, the server hot-swaps, and the su
 release by release.
 
 `watch()` plays traffic in waves and, after each wave, reads the recorded experience (success rate
-per release, from the reports) and the server's status (learner round, gate decision, head), and
+per release on live traffic, from the reports) and the server's status (learner round, gate
+decision, head, and the held-out success the gate measured for the head and the candidate), and
 shows them in a live table. `plot()` draws the same as a PNG.
 """
 
@@ -22,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reef.experience.load import load
+from reef.scenario import Scenario
 from reef.traffic.simulate import simulate
 
 
@@ -41,6 +43,16 @@ class LoopState:
     learner: dict[str, Any] = field(default_factory=dict)
     head: str = "?"
     events: list[str] = field(default_factory=list)
+    # release id -> held-out success the gate measured for it (the head's when it judged a
+    # candidate against it, a released candidate's own)
+    held_out: dict[str, float] = field(default_factory=dict)
+
+    def held_out_summary(self) -> str:
+        if not self.held_out:
+            return "no gate ran"
+        first, last = next(iter(self.held_out.items())), list(self.held_out.items())[-1]
+        return (f"{first[0]} {first[1]:.1%} -> {last[0]} {last[1]:.1%} "
+                f"({100 * (last[1] - first[1]):+.0f} points)")
 
 
 def per_release(data_dir: Path, scenario: str) -> pl.DataFrame:
@@ -57,12 +69,15 @@ def _render(state: LoopState, scenario: str) -> Group:
     table = Table(title=f"success rate by release, scenario {scenario} (head: {state.head})")
     table.add_column("release")
     table.add_column("reported chats", justify="right")
-    table.add_column("success rate", justify="right")
+    table.add_column("success on live traffic", justify="right")
     table.add_column("")
+    table.add_column("held-out success (gate)", justify="right")
     if state.by_release is not None:
         for row in state.by_release.iter_rows(named=True):
             bar = "#" * round(30 * row["success"])
-            table.add_row(row["release_id"], str(row["records"]), f"{row['success']:.1%}", bar)
+            held = state.held_out.get(row["release_id"])
+            table.add_row(row["release_id"], str(row["records"]), f"{row['success']:.1%}", bar,
+                          "-" if held is None else f"{held:.1%}")
     learner = state.learner
     last = learner.get("last_round") or {}
     gate = last.get("gate") or {}
@@ -72,38 +87,49 @@ def _render(state: LoopState, scenario: str) -> Group:
     return Group(table, status, *[Text(e, style="dim") for e in state.events[-6:]])
 
 
-def watch(url: str, data_dir: Path, scenario: str, *, rounds: int, max_seconds: float, wave: int = 64,
+def watch(url: str, data_dir: Path, scenario: str | Scenario, *, rounds: int, max_seconds: float, wave: int = 64,
           concurrency: int = 16, idle_seconds: float = 120.0) -> LoopState:
-    """Waves of simulated users until `rounds` learning rounds finished, `max_seconds` passed, or,
+    """Waves of simulated users until `rounds` learning rounds finished (and one wave more, on what
+    they released), `max_seconds` passed, or,
     after a first round, the learner found too little new experience for `idle_seconds` (a good
     model mostly repeats replies it was already trained on, and duplicates are not trained twice)."""
+    declared, scenario = scenario, scenario.name if isinstance(scenario, Scenario) else scenario
     state = LoopState()
+    state.head = httpx.get(f"{url}/reef/status", timeout=30).json()["scenarios"].get(scenario, {}).get(
+        "serving_release", "?")
     started = time.monotonic()
     seen_rounds = 0
+    closing = False
     busy_at = started
     with Live(_render(state, scenario), refresh_per_second=2, transient=False) as live:
         i = 0
         while time.monotonic() - started < max_seconds:
-            summary = simulate(url, scenario=scenario, requests=wave, concurrency=concurrency, seed=i, progress=False)
+            summary = simulate(url, scenario=declared, requests=wave, concurrency=concurrency, seed=i, progress=False)
             status = httpx.get(f"{url}/reef/status", timeout=30).json()
             state.learner = (status.get("learner", {}).get("scenarios") or {}).get(scenario, {})
-            state.head = status["scenarios"].get(scenario, {}).get("serving_release", "?")
-            state.waves.append(Wave(i, time.monotonic() - started, state.head, summary.mean_score,
+            judged_head, state.head = state.head, status["scenarios"].get(scenario, {}).get("serving_release", "?")
+            # A wave is labelled with the head it started under: a swap lands at most at its end.
+            state.waves.append(Wave(i, time.monotonic() - started, judged_head, summary.mean_score,
                                     summary.requests))
             if state.learner.get("rounds", 0) > seen_rounds:
                 seen_rounds = state.learner["rounds"]
                 last = state.learner.get("last_round") or {}
                 gate = last.get("gate") or {}
                 released = last.get("release")
+                if gate.get("head_success") is not None:
+                    state.held_out.setdefault(judged_head, gate["head_success"])
+                if released and gate.get("candidate_success") is not None:
+                    state.held_out[released] = gate["candidate_success"]
                 state.events.append(f"round {seen_rounds}: gate {gate.get('decision')}: {gate.get('reason')}"
                                     + (f" -> released {released}" if released else ""))
             state.by_release = per_release(data_dir, scenario)
             live.update(_render(state, scenario))
             i += 1
+            if closing:
+                break  # a round the learner started meanwhile dies with the server: the demo has shown its rounds
+            closing = seen_rounds >= rounds  # then one more wave, served by what the last round released
             if state.learner.get("running"):
                 busy_at = time.monotonic()
-            elif seen_rounds >= rounds:
-                break
             elif seen_rounds and time.monotonic() - busy_at > idle_seconds:
                 state.events.append(f"no round for {idle_seconds:.0f} s: too few new rewarded chats that are not "
                                     "duplicates of what was trained on; stopping")
@@ -118,7 +144,7 @@ def plot(state: LoopState, scenario: str, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     releases = list(dict.fromkeys(w.head for w in state.waves))
     colours = plt.get_cmap("viridis")([i / max(1, len(releases) - 1) for i in range(len(releases))])
     for release, colour in zip(releases, colours, strict=True):
@@ -131,12 +157,21 @@ def plot(state: LoopState, scenario: str, path: Path) -> Path:
     left.legend(fontsize=8)
     if state.by_release is not None and not state.by_release.is_empty():
         names = state.by_release["release_id"].to_list()
-        right.bar(range(len(names)), state.by_release["success"].to_list(), color="#2a7fbf")
-        right.set_xticks(range(len(names)), [n.split("@")[-1] for n in names])
+        xs = range(len(names))
+        live = right.bar([x - 0.2 for x in xs], state.by_release["success"].to_list(), width=0.4, color="#2a7fbf",
+                         label="live traffic (all its reported chats)")
+        judged = [state.held_out.get(n) for n in names]
+        held = right.bar([x + 0.2 for x in xs], [v or 0.0 for v in judged], width=0.4,
+                         color="#e07b39", label="held-out suite (the gate's measure)")
+        right.bar_label(live, fmt="{:.0%}", fontsize=8)
+        right.bar_label(held, labels=["-" if v is None else f"{v:.0%}" for v in judged], fontsize=8)
+        right.set_xticks(list(xs), [n.split("@")[-1] for n in names])
         right.set_ylim(0, 1)
         right.set_xlabel("release")
-        right.set_title("success rate of each release (all its reported chats)")
-    fig.suptitle(f"Reef learning loop on the embedded tiny model, scenario {scenario}")
+        right.set_title("success rate of each release")
+        right.legend(fontsize=8)
+    fig.suptitle(f"Reef learning loop on SmolLM2-135M-Instruct, scenario {scenario}: "
+                 f"held-out {state.held_out_summary()}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -36,6 +36,7 @@ EXTRA_FEATURES = datasets.Features(
         "score": datasets.Value("float64"),  # the latest report's score, by created_at
         "n_reports": datasets.Value("int64"),
         "feedback": datasets.Value("string"),  # the latest report's feedback
+        "correction": datasets.Value("string"),  # the latest report's correction (the reply it wanted)
         "is_duplicate": datasets.Value("bool"),  # same content_hash as an earlier record
         "staleness": datasets.Value("int64"),  # releases the scenario's head is ahead of this one's
     }
@@ -129,6 +130,7 @@ def load(
         .agg(
             score=pl.col("score").sort_by("created_at", "report_id").last(),
             feedback=pl.col("feedback").sort_by("created_at", "report_id").last(),
+            correction=pl.col("correction").sort_by("created_at", "report_id").last(),
             n_reports=pl.len().cast(pl.Int64),
         )
     )

@@ -143,6 +143,9 @@ class Report(BaseModel):
     session_id: str | None = None
     score: float
     feedback: str | None = None
+    # The reply the application wanted instead (a user's fix of the model's draft): a hindsight
+    # target that recipes taking corrections (rft) train on when the score is too low to imitate.
+    correction: str | None = None
     metadata_json: str = "{}"
     created_at: datetime
     # sha256 of the report's content: same report_id with another content is a conflict.
@@ -228,6 +231,7 @@ REPORT_FEATURES = datasets.Features(
         "session_id": datasets.Value("string"),
         "score": datasets.Value("float64"),
         "feedback": datasets.Value("string"),
+        "correction": datasets.Value("string"),
         "metadata_json": datasets.Value("string"),
         "created_at": _TIMESTAMP,
         "content_hash": datasets.Value("string"),

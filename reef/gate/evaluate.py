@@ -253,7 +253,8 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     if harnesses is not None:
         config = dataclasses.replace(config, probe_tokens=0)
     started = time.monotonic()
-    samples = config.samples or suite.samples
+    # Greedy replies to one prompt are all the same (and vLLM refuses n > 1 without sampling).
+    samples = 1 if suite.temperature == 0 else config.samples or suite.samples
     arm_tasks = (harnesses.tasks(suite) if harnesses is not None
                  else {arm: list(suite.tasks) for arm in ARMS})
     note = ""

@@ -229,7 +229,8 @@ class Learner:
         out.unlink(missing_ok=True)
         release = self.config.release
         cmd = [sys.executable, "-m", "reef.learn.round", "--plan", str(plan_file), "--out", str(out),
-               "--gate-samples", str(release.gate_samples), "--gate-confidence", str(release.gate_confidence),
+               *(["--gate-samples", str(release.gate_samples)] if release.gate_samples else []),
+               "--gate-confidence", str(release.gate_confidence),
                "--gate-min-delta", str(release.gate_min_delta), "--gate-fault-retries", str(release.gate_fault_retries),
                "--gate-min-valid-pairs", str(release.gate_min_valid_pairs)]
         if self.engine_url and self.engine_model:

@@ -228,6 +228,8 @@ def signal(experience: pl.DataFrame, recipe: Recipe, taken: set[str],
     reported = frame.filter(pl.col("score").is_not_null())
     threshold = recipe.success_threshold()
     good = pl.col("score") >= threshold if threshold is not None else pl.col("score") > 0
+    if spec.corrections:  # a correction is a target to learn from, however low the score
+        good = good | pl.col("correction").is_not_null()
     rewarded = reported.filter(good).height
     return {"eligible": eligible.height, "rewarded": rewarded, "unrewarded": reported.height - rewarded}
 

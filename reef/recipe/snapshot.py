@@ -83,7 +83,8 @@ def select(frame: pl.DataFrame, spec: ExperienceSpec, consumed_ids: set[str]) ->
     if spec.drop_duplicates:
         drop("duplicates", ~pl.col("is_duplicate"))
     if spec.min_score is not None:
-        drop("below_min_score", pl.col("score") >= spec.min_score)
+        corrected = pl.col("correction").is_not_null() if spec.corrections else pl.lit(False)
+        drop("below_min_score", (pl.col("score") >= spec.min_score) | corrected)
 
     counts["staleness_unknown"] = frame.filter(pl.col("staleness").is_null()).height
     over = (pl.col("staleness") - (spec.max_staleness or 0)).clip(lower_bound=0).fill_null(0)
@@ -126,7 +127,8 @@ def _count_samples(frame: pl.DataFrame) -> int:
 
 
 def content_hash(frame: pl.DataFrame, spec: ExperienceSpec) -> str:
-    rows = frame.select("record_id", "content_hash", "score", "weight", "group").rows()
+    columns = ["record_id", "content_hash", "score", "weight", "group", *(["correction"] if spec.corrections else [])]
+    rows = frame.select(columns).rows()
     return sha256_json({"spec": spec.to_dict(), "rows": [list(r) for r in rows]})
 
 
@@ -176,16 +178,19 @@ class Snapshot:
 
     def samples(self) -> pl.DataFrame:
         """One row per recorded choice that has token ids: record_id, choice, group, score,
-        weight, staleness, prompt_ids, completion_ids, logprobs (vLLM's, per completion token),
-        finish_reason, text."""
+        correction (the report's, or None), weight, staleness, prompt_ids, completion_ids, logprobs
+        (vLLM's, per completion token), finish_reason, text."""
+        frame = self.frame()
+        if "correction" not in frame.columns:  # a snapshot taken before reports had corrections
+            frame = frame.with_columns(correction=pl.lit(None, pl.String))
         return (
-            self.frame()
-            .select("record_id", "group", "score", "weight", "staleness", "prompt_token_ids", "choices")
+            frame
+            .select("record_id", "group", "score", "correction", "weight", "staleness", "prompt_token_ids", "choices")
             .explode("choices")
             .unnest("choices")
             .filter(pl.col("token_ids").list.len() > 0)
             .select(
-                "record_id", pl.col("index").alias("choice"), "group", "score", "weight", "staleness",
+                "record_id", pl.col("index").alias("choice"), "group", "score", "correction", "weight", "staleness",
                 pl.col("prompt_token_ids").alias("prompt_ids"), pl.col("token_ids").alias("completion_ids"),
                 "logprobs", "finish_reason", pl.col("content").alias("text"),
             )

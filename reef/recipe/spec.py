@@ -24,9 +24,11 @@ class ExperienceSpec:
     e.g. "tag:task_id"), "scenario" (all records one group) or "session" (a session's turns, so
     `min_group_size: 2` takes sessions of two turns or more, whole). Agent turns each have their own
     prompt, so RL over sessions groups by a task tag or the scenario, never by prompt.
-    `batch_size` caps the samples (choices) per round, newest first, whole
-    groups at a time. Records beyond `max_staleness` releases behind the head are dropped or kept
-    with weight `stale_weight ** (staleness - max_staleness)`, per `stale_policy`.
+    `corrections`: a record below `min_score` is still taken when its report carries a `correction`
+    (the reply that was wanted), for recipes that train on that instead. `batch_size` caps the
+    samples (choices) per round, newest first, whole groups at a time. Records beyond
+    `max_staleness` releases behind the head are dropped or kept with weight
+    `stale_weight ** (staleness - max_staleness)`, per `stale_policy`.
     """
 
     scenario: str
@@ -39,6 +41,9 @@ class ExperienceSpec:
     batch_size: int | None = None
     min_score: float | None = None
     drop_duplicates: bool = True
+    # Records below min_score whose report carries a correction are kept too (rft trains on the
+    # correction instead of the reply).
+    corrections: bool = False
 
     def __post_init__(self) -> None:
         named = self.group_by in (None, "prompt", "scenario", "session")
@@ -51,7 +56,10 @@ class ExperienceSpec:
             raise ValueError(f"stale_weight must be in [0, 1], got {self.stale_weight}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.corrections:  # unset, it leaves the content hashes of earlier snapshots as they were
+            del out["corrections"]
+        return out
 
 
 @dataclass

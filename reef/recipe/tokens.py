@@ -2,6 +2,8 @@
 a re-tokenization of the recorded text (which can split differently and drifts from the served
 logprobs).
 
+(The one exception: a report's `correction`, text that was never served, see `with_corrections`.)
+
 Too long for `max_length`: the prompt is cut from the LEFT, so the completion (what is trained)
 and the context right before it stay whole. Only a completion longer than `max_length` by itself
 loses its end; `CutStats` counts both cases for candidate.json.
@@ -10,6 +12,7 @@ loses its end; `CutStats` counts both cases for candidate.json.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import datasets
 import polars as pl
@@ -42,6 +45,25 @@ def fit_left(prompt: list[int], completion: list[int], max_length: int) -> tuple
     keep_prompt = max(min(len(prompt), 1), max_length - len(completion))
     keep_completion = min(len(completion), max_length - keep_prompt)
     return len(prompt) - keep_prompt, keep_completion, True, keep_completion < len(completion)
+
+
+def with_corrections(samples: pl.DataFrame, tokenizer: Any, min_score: float | None) -> tuple[pl.DataFrame, int]:
+    """`Snapshot.samples()` to imitate: the replies scored at least `min_score` as served, and for a
+    record scored below it whose report carries a `correction`, that correction instead (once per
+    record, tokenized after the recorded prompt and closed with the tokenizer's end-of-turn token, so
+    the model learns to stop). The one place Reef tokenizes text to train on: a correction was
+    never served, so it has no served ids. Returns (samples, how many are corrections)."""
+    passed = pl.col("score") >= min_score if min_score is not None else pl.lit(True)
+    kept = samples.filter(passed.fill_null(False) | pl.col("correction").is_null())
+    fixes = samples.filter(~passed.fill_null(False) & pl.col("correction").is_not_null()).unique(
+        "record_id", keep="first", maintain_order=True)
+    if fixes.is_empty():
+        return kept, 0
+    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] + end for text in fixes["correction"]]
+    fixes = fixes.with_columns(completion_ids=pl.Series(ids, dtype=samples.schema["completion_ids"]),
+                               text=pl.col("correction"))
+    return pl.concat([kept, fixes.select(kept.columns)]), fixes.height
 
 
 def sft_examples(samples: pl.DataFrame, max_length: int, stats: CutStats | None = None) -> datasets.Dataset:

@@ -2,7 +2,8 @@
 
 A task is one JSON object: `{"messages": [...], "tools": [...]?, ...}`. `messages` is the chat
 the model is sent (OpenAI format); every other field is the task's own (an answer, a test, an
-id) and reaches the reward unchanged. Rows come from a JSON lines file or a `datasets` folder
+id) and reaches the reward unchanged; `reference`, when a row has one, is the reply wanted (what a
+user who rejects a reply reports as its `correction`). Rows come from a JSON lines file or a `datasets` folder
 (`Dataset.save_to_disk` or parquet files).
 """
 
@@ -18,6 +19,13 @@ from reef.scenario.environment import Environment
 from reef.scenario.reward import RewardFn, Score
 
 Task = dict[str, Any]
+
+
+def correction(task: Task, score: float, accept: float) -> str | None:
+    """The task's `reference` reply, for a reply scored below `accept`: the correction a user who
+    knows the wanted reply reports with a rejected one."""
+    reference = task.get("reference")
+    return reference if score < accept and isinstance(reference, str) and reference else None
 
 
 class ScenarioError(ValueError):

@@ -29,7 +29,7 @@ from reef.experience.schema import Choice, Message, Record, Report, Tag, record_
 from reef.sampling.completion import Completion
 from reef.sampling.load import load_model
 from reef.sampling.transformers import TransformersSampler
-from reef.scenario import Scenario, Task, get_scenario, reward_for, training_tasks
+from reef.scenario import Scenario, Task, correction, get_scenario, reward_for, training_tasks
 
 
 def to_record(task: Task, s: Completion, record_id: str, scenario: str, release: str, created_at: datetime) -> Record:
@@ -85,7 +85,8 @@ def record_offline_traffic(
             continue
         metadata = {"task_id": task["task_id"]} if "task_id" in task else {}
         reports.append(Report(report_id=f"rep_{record_id[4:]}", scenario=name, record_ids=[record_id],
-                              score=score.value, feedback=score.feedback, metadata_json=json.dumps(metadata),
+                              score=score.value, feedback=score.feedback,
+                              correction=correction(task, score.value, 0.5), metadata_json=json.dumps(metadata),
                               created_at=now, content_hash=sha256_json([record_id, score.value])))
     with ExperienceStore(data_dir, StoreConfig(fsync=False)) as store:
         store.append_records_sync(records)

@@ -45,6 +45,8 @@ class ReportIn(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, description="credit every turn of this session")
     score: float = Field(allow_inf_nan=False)
     feedback: str | None = None
+    correction: str | None = Field(default=None, min_length=1, description=(
+        "the reply that was wanted instead: a hindsight target recipes such as rft train on"))
     metadata: dict[str, Any] = Field(default_factory=dict)
     report_id: str | None = None
 
@@ -106,6 +108,8 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     content = [scenario, named, body.score, body.feedback, body.metadata]
     if body.session_id:
         content.append(body.session_id)
+    if body.correction is not None:  # appended only when given: older reports keep their hashes
+        content.append({"correction": body.correction})
     content_hash = sha256_json(content)
     report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
     if st.inflight_reports.get(report_id) is not None:  # a concurrent retry of the same report
@@ -123,7 +127,8 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     try:
         await st.store.append_report(Report(
             report_id=report_id, scenario=scenario, record_ids=record_ids, session_id=body.session_id,
-            score=body.score, feedback=body.feedback, metadata_json=orjson.dumps(body.metadata).decode(),
+            score=body.score, feedback=body.feedback, correction=body.correction,
+            metadata_json=orjson.dumps(body.metadata).decode(),
             created_at=utcnow(), content_hash=content_hash,
         ))
         durable = True

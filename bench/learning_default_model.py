@@ -1,0 +1,158 @@
+"""The live learning loop on the default model (SmolLM2-135M-Instruct), per example scenario declared
+for it, side by side: base and best held-out success, how the rounds got there, and how long.
+
+    .venv/bin/python bench/learning_default_model.py [--examples sentiment] [--rounds 2] [--max-seconds 600]
+
+Each example (a folder of examples/ whose serve.yaml names no model, so the embedded default serves
+it) runs the way `make demo` runs one: `reef serve` with its learner on and policy `auto` in a
+temporary workdir, simulated users (the scenario's tasks, scored by its reward; a rejected reply is
+corrected with the task's `reference`) in waves, rounds as the learner starts them, the gate on the
+scenario's held-out suite, hot-swaps. The held-out figures are the gate's own (the head's and the
+candidate's success in each round); base is the first round's head. Targets: base <= 30 %, a gain of
+at least 30 points (the cold start: the base earns almost no reward). Results: bench/out/learning_default_model.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.results import add_flag, publish  # noqa: E402
+from reef.config import DEFAULT_MODEL, resolve  # noqa: E402
+from reef.demo.loop import watch  # noqa: E402
+from reef.demo.run import write_config  # noqa: E402
+from reef.model.smollm2 import convert, is_current  # noqa: E402
+from reef.scenario import get_scenario  # noqa: E402
+from reef.serve_process import ServeProcess  # noqa: E402
+
+OUT = REPO / "bench" / "out"
+console = Console(file=sys.stdout, width=140)
+
+
+def run_example(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One example through the live loop; its rounds (from the learner's round log) and timings."""
+    folder = REPO / "examples" / name
+    work.mkdir(parents=True, exist_ok=True)
+    config_file = write_config(work, folder)
+    config, _ = resolve(config_file=config_file)
+    scenario = next(s for s in config.scenarios.values())
+    declared = get_scenario(scenario.name, config)
+    server = ServeProcess(work)
+    t0 = time.perf_counter()
+    server.start()
+    started_s = time.perf_counter() - t0
+    try:
+        state = watch(server.url, server.data_dir, declared, rounds=args.rounds, max_seconds=args.max_seconds)
+    finally:
+        server.stop()
+    log = server.data_dir / "learner" / "rounds.jsonl"
+    rounds = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    return {"scenario": declared.name, "serve_start_s": started_s, "elapsed_s": time.perf_counter() - t0,
+            "rounds": rounds, "held_out": state.held_out, "waves": [w.__dict__ for w in state.waves]}
+
+
+def _fmt(value: float | None, spec: str = "{:.1%}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def report(results: list[dict[str, Any]]) -> list[Table | Text]:
+    parts: list[Table | Text] = []
+    side = Table(title="the live loop on SmolLM2-135M-Instruct: held-out success (the gate's), base and best")
+    for col in ("scenario", "base", "best release", "gain", "rounds (released)", "first release after", "target"):
+        side.add_column(col, justify="left" if col == "scenario" else "right")
+    ok_all = True
+    for res in results:
+        detail = Table(title=f"{res['scenario']}: each round")
+        for col in ("round", "records", "learned from", "train s", "round s", "gate", "head held-out",
+                    "candidate held-out", "released"):
+            detail.add_column(col, justify="right")
+        first_release_at = None
+        idle = [r for r in res["rounds"] if r.get("status") == "nothing_new"]
+        for i, r in enumerate((r for r in res["rounds"] if r not in idle), 1):
+            gate, metrics = r.get("gate") or {}, r.get("metrics") or {}
+            learned = (f"{metrics['mutations']} harness mutations from {metrics.get('failures')} failures"
+                       if "mutations" in metrics else
+                       f"{metrics.get('train_samples', '-')} samples ({metrics.get('corrections', 0)} corrections)")
+            records = metrics.get("snapshot_records", metrics.get("records", "-"))
+            detail.add_row(str(i), str(records), learned if metrics else "-",
+                           _fmt(metrics.get("train_runtime"), "{:.0f}"), _fmt(r.get("seconds"), "{:.0f}"),
+                           str(gate.get("decision") or r.get("status")), _fmt(gate.get("head_success")),
+                           _fmt(gate.get("candidate_success")), r.get("release") or "-")
+            if r.get("release") and first_release_at is None:
+                first_release_at = r["started_at"] + r["seconds"]
+        parts.append(detail)
+        if idle:
+            parts.append(Text(f"{res['scenario']}: {len(idle)} more rounds found nothing new to learn from "
+                              f"(the released harness already holds what the failures taught)"))
+        held = res["held_out"]
+        base = next(iter(held.values()), None)
+        best_name, best = max(held.items(), key=lambda kv: kv[1], default=(None, None))
+        released = sum(1 for r in res["rounds"] if r.get("release"))
+        trained = len(res["rounds"]) - len(idle)
+        ok = base is not None and best is not None and base <= 0.30 and best - base >= 0.30
+        ok_all &= ok
+        since = (f"{first_release_at - res['rounds'][0]['started_at']:.0f} s (from the first round's start)"
+                 if first_release_at is not None else "-")
+        side.add_row(res["scenario"], "-" if base is None else f"{base:.1%}",
+                     "-" if best is None else f"{best:.1%} ({best_name})",
+                     "-" if base is None or best is None else f"{100 * (best - base):+.0f} points",
+                     f"{trained} ({released})", since,
+                     ("[green]ok[/green]" if ok else "[red]MISSED[/red]") + " base <= 30 %, +30 points")
+    parts.insert(0, side)
+    verdict = Text.from_markup(f"targets: {'[green]ok[/green]' if ok_all else '[red]MISSED[/red]'}; "
+                               f"{sum(r['elapsed_s'] for r in results):.0f} s in all, serve start included")
+    for part in parts:
+        console.print(part)
+    console.print(verdict)
+    return [*parts, verdict]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", default="sentiment", help="comma-separated folders of examples/")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-seconds", type=float, default=600, help="per example")
+    parser.add_argument("--workdir", type=Path, help="keep each example's server data here (default: a temporary "
+                                                     "folder, removed afterwards)")
+    parser.add_argument("--out", type=Path, default=OUT / "learning_default_model.json")
+    parser.add_argument("--report-only", action="store_true", help="no run: print and publish what --out holds")
+    add_flag(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        publish(args, "learning_default_model", *report(json.loads(args.out.read_text())))
+        return 0
+    if not is_current(DEFAULT_MODEL):
+        convert(DEFAULT_MODEL)
+    work = (args.workdir or Path(tempfile.mkdtemp(prefix="reef-learning-default-"))).resolve()
+    try:
+        results = [run_example(name.strip(), work / name.strip(), args)
+                   for name in args.examples.split(",") if name.strip()]
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    publish(args, "learning_default_model", *report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
