@@ -167,6 +167,10 @@ def test_idempotent_retry_returns_stored_response(gateway: Gateway) -> None:
     with pytest.raises(openai.ConflictError) as exc:
         client.chat.completions.create(**{**kwargs, "max_tokens": 5})
     assert exc.value.body["type"] == "conflict_error"
+    # A bad session header is refused on a retry too, not answered from the store (schemathesis found it).
+    bad = httpx.post(f"{gateway.url}/v1/chat/completions", json=kwargs, timeout=30,
+                     headers={"x-reef-agent-record-id": "client-chosen-id-1", "x-reef-session": "no spaces"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-reef-session"
 
 
 def test_concurrent_retries_call_the_model_once(gateway: Gateway) -> None:

@@ -160,3 +160,30 @@ def test_the_dashboard_shows_why_the_round_waits(tmp_path: Path, monkeypatch: py
         assert any("starts at 6 records, 3 rewarded, 2 unrewarded" in t for t in shown), shown
     finally:
         server.shutdown()
+
+
+def test_a_round_that_finds_nothing_new_waits_for_min_records_more(tmp_path: Path) -> None:
+    """A harness round over failures that teach nothing (no recurring feedback, no corrections) ends
+    `nothing_new` and consumes nothing; the learner does not ask again about the same failures every
+    interval, it waits until min_records more records arrived, and says so. The real round process."""
+    import yaml
+
+    from reef.config import resolve
+
+    data = tmp_path / "data"
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({
+        "data_dir": str(data), "learner": {"enabled": True, "min_records": 4, "min_unrewarded": 2},
+        "recipes": {"mine": {"recipe": "harness_evolve", "params": {"proposer": "mined"}}},
+        "scenarios": {S: {"recipe": "mine"}}}))
+    config, _ = resolve(config_file=tmp_path / "serve.yaml")
+    _write(data, 0, [0.0] * 4)
+    learner = Learner(config)
+    assert learner.tick() == S
+    state = learner.scenarios[S]
+    assert state.last is not None and state.last["status"] == "nothing_new" and state.idle_at == 4
+    assert learner.plan_tick() is None
+    assert state.waiting == "waiting: 4 of 8 records (the last round found nothing new to learn)"
+    _write(data, 10, [0.0] * 3)
+    assert learner.plan_tick() is None and state.waiting.startswith("waiting: 7 of 8 records")
+    _write(data, 20, [0.0])
+    assert learner.plan_tick() == S and state.waiting is None and state.idle_at is None

@@ -60,6 +60,11 @@ class LearnerConfigError(ValueError):
     """A scenario's recipe cannot be loaded with its params; names the scenario and key."""
 
 
+def eligible(pending: dict[str, int]) -> int:
+    """New records the recipe could take, whatever one round's batch_size caps."""
+    return pending.get("eligible", pending.get("records", 0))
+
+
 @dataclass
 class ScenarioLearner:
     """One scenario's part of the learner: its plan, and what its rounds did."""
@@ -73,6 +78,10 @@ class ScenarioLearner:
     last: dict[str, Any] | None = None
     last_error: str | None = None
     running: bool = False
+    # The eligible records counted when the last round found nothing new to learn (a harness that
+    # already says what the failures teach): the next round waits for min_records more than that,
+    # instead of asking again every interval about the same failures.
+    idle_at: int | None = None
 
     @property
     def min_records(self) -> int:
@@ -88,6 +97,12 @@ class ScenarioLearner:
 
         self.pending = pending(self.plan, self.recipe)
         self.waiting = self.thresholds.shortfall(self.pending)
+        if self.waiting is None and self.idle_at is not None:
+            want, have = self.idle_at + self.thresholds.records, eligible(self.pending)
+            if have < want:
+                self.waiting = f"waiting: {have} of {want} records (the last round found nothing new to learn)"
+            else:
+                self.idle_at = None
 
     def due(self) -> bool:
         """A round an earlier process left open (killed mid-round) is due whatever waits; else one
@@ -252,6 +267,8 @@ class Learner:
             state.pending, state.waiting = result.get("pending"), result.get("reason")
             return
         state.last_error = result.get("reason") if result.get("status") == "busy" else None
+        if result.get("status") == "nothing_new":
+            state.idle_at = eligible(state.pending or {})
         if result.get("status") == "trained" and result.get("candidate_id"):
             result["release"] = self._maybe_release(state, result["candidate_id"])
             if rnd := state.log.open_round():

@@ -193,6 +193,11 @@ async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], s
     stream = bool(body.get("stream"))
 
     client_id = request.headers.get(h.RECORD_ID)
+    session_header = request.headers.get(h.SESSION)
+    # An empty header is refused too: it names no session, and the contract says so. Checked before
+    # an idempotent replay, so a bad header is a 400 whether or not the call was made before.
+    if session_header is not None:
+        h.valid_id(session_header, h.SESSION)
     if client_id is not None:
         h.valid_id(client_id, h.RECORD_ID)
         stored = await _existing(st, client_id, scenario, body_hash)
@@ -201,11 +206,8 @@ async def serve_body(st: GatewayState, request: Request, body: dict[str, Any], s
             return await _replay(stored, stream)
     record_id = client_id or h.new_id("rec")
     client_model = body.get("model") or st.config.model_name
-    session_header = request.headers.get(h.SESSION)
     prefixes = prefix_hashes(body["messages"])  # for the session lookup and the record's reply hashes
-    # An empty header is refused too: it names no session, and the contract says so.
-    session_id = (h.valid_id(session_header, h.SESSION) if session_header is not None else None) \
-        or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
+    session_id = session_header or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
 
     # From picking a route until the engine has the request, a full-weight swap must wait for this
     # request (EngineHold): it then runs entirely on the weights of the release it records.
