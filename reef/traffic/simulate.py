@@ -9,9 +9,9 @@ doubt "Are you sure? Check it and answer again.", a right one "Thanks, that's ri
 says only what such a user knows (right or wrong), never the expected answer; `reactions` bounds how
 many times one user reacts (a doubt asks the model again; a thank-you ends the conversation after
 its reply). A reply the reward cannot score gets no report (counted as `unscored`) and no reaction.
-Where a task carries a `reference` reply, a user who rejects a reply also reports it as the
-`correction` (the fix a labelling or review application sends): a target to learn from even while
-the model earns no reward at all.
+Where a task carries a `reference` reply, a user who rejects a reply to the task (not the reply
+to a thank-you) also reports it as the `correction` (the fix a labelling or review application
+sends): a target to learn from even while the model earns no reward at all.
 
 For a scenario with an `environment`, each user is an agent instead: its session (`x-reef-session`)
 runs model turns until the final answer, the environment executing every tool call on the client
@@ -110,7 +110,9 @@ async def _one_user(
             metadata = {"turn": turn, **({"task_id": task["task_id"]} if "task_id" in task else {})}
             body = {"agent_record_id": record_id, "score": score.value, "feedback": score.feedback,
                     "metadata": metadata}
-            if (fix := correction(task, score.value, SATISFIED)) is not None:
+            # The reply to a thank-you answers the thanks, not the task: the task's reference is no fix for it.
+            thanked = messages[-1].get("content") == THANKS
+            if not thanked and (fix := correction(task, score.value, SATISFIED)) is not None:
                 body["correction"] = fix
             resp = await http.post("/reef/report", json=body)
             resp.raise_for_status()
