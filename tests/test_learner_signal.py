@@ -171,8 +171,12 @@ def test_a_round_that_finds_nothing_new_waits_for_min_records_more(tmp_path: Pat
     from reef.config import resolve
 
     data = tmp_path / "data"
+    model = tmp_path / "model"  # the round registers the base as r0; a harness round loads no weights
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"not read")
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump({
-        "data_dir": str(data), "learner": {"enabled": True, "min_records": 4, "min_unrewarded": 2},
+        "data_dir": str(data), "model": str(model), "learner": {"enabled": True, "min_records": 4, "min_unrewarded": 2},
         "recipes": {"mine": {"recipe": "harness_evolve", "params": {"proposer": "mined"}}},
         "scenarios": {S: {"recipe": "mine"}}}))
     config, _ = resolve(config_file=tmp_path / "serve.yaml")
