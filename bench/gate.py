@@ -34,7 +34,7 @@ from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
-from reef.gate.evaluate import GateConfig, GateEngine, Weights, gate_weights  # noqa: E402
+from reef.gate.evaluate import GateConfig, EngineEndpoint, Weights, gate_weights  # noqa: E402
 from reef.gate.evaluator import suite_for  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
@@ -67,7 +67,7 @@ def engine_cpu(pid: int) -> float:
     return total
 
 
-def one(path: str, candidate: Weights, head: Weights, suite: Any, samples: int, engine: GateEngine,
+def one(path: str, candidate: Weights, head: Weights, suite: Any, samples: int, engine: EngineEndpoint,
         engine_pid: int) -> dict[str, Any]:
     cpu0, eng0, t0 = time.process_time(), engine_cpu(engine_pid), time.perf_counter()
     result = gate_weights(candidate, head, suite, GateConfig(samples=samples),
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     with console.status("starting vLLM..."):
         url = supervisor.start()
     assert supervisor.process is not None
-    engine = GateEngine(url, MODEL_NAME)
+    engine = EngineEndpoint(url, MODEL_NAME)
     candidate, head = Weights(TINY, adapter), Weights(TINY, served=MODEL_NAME)
     runs: list[dict[str, Any]] = []
     try:

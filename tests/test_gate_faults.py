@@ -19,7 +19,7 @@ import pytest
 
 from reef.core.chat import ChatError
 from reef.demo import rules as demo
-from reef.gate.evaluate import GateConfig, GateEngine, HarnessArms, Weights, evaluate_candidate, gate_weights
+from reef.gate.evaluate import GateConfig, EngineEndpoint, HarnessArms, Weights, evaluate_candidate, gate_weights
 from reef.gate.faults import Void, fault_of, with_retries
 from reef.gate.stats import sign_test
 from reef.registry.candidates import TRANSITIONS, CandidateEvent, CandidateRegistry, GateResult, register_candidate
@@ -224,7 +224,7 @@ def test_faulted_pairs_are_void_in_both_arms_and_the_rest_are_judged(vllm_url: s
     config = GateConfig(samples=1, fault_retries=1, fault_backoff_s=0.0, request_timeout_s=10.0, min_valid_pairs=8)
     with FaultyProxy(vllm_url, rule) as proxy:
         weights = Weights(Path("unused"), served=MODEL_NAME)  # both arms on the engine's own weights
-        result = gate_weights(weights, weights, suite, config, engine=GateEngine(proxy.url, MODEL_NAME),
+        result = gate_weights(weights, weights, suite, config, engine=EngineEndpoint(proxy.url, MODEL_NAME),
                               progress=False, harnesses=HARNESS)
         assert proxy.stalled.is_set()
     assert result.backend == "engine" and result.decision in ("select", "reject"), result.reason
@@ -264,7 +264,7 @@ def test_too_few_valid_pairs_void_the_gate_and_the_candidate_is_not_rejected(
 
     with FaultyProxy(vllm_url, lambda word, arm, attempt: None if word in answered else UNAVAILABLE) as proxy:
         result = evaluate_candidate(data, view.candidate_id, config, base_model=str(serving_model),
-                                    engine=GateEngine(proxy.url, MODEL_NAME), progress=False)
+                                    engine=EngineEndpoint(proxy.url, MODEL_NAME), progress=False)
     assert result.decision == "void", result.reason
     missing = len(words) - 3
     assert result.reason == (f"gate void: 3 of {len(words)} pairs valid, 16 needed "
@@ -275,7 +275,7 @@ def test_too_few_valid_pairs_void_the_gate_and_the_candidate_is_not_rejected(
     assert after.status == "void" and after.state == "gate_void" and after.gate is not None
     assert after.gate.decision == "void"
     # Nothing was judged, so the same candidate is gated again once the engine answers.
-    again = evaluate_candidate(data, view.candidate_id, config, engine=GateEngine(vllm_url, MODEL_NAME),
+    again = evaluate_candidate(data, view.candidate_id, config, engine=EngineEndpoint(vllm_url, MODEL_NAME),
                                progress=False)
     assert again.decision in ("select", "reject") and again.void_pairs == 0, again.reason
     assert again.prompts == len(words)
@@ -300,7 +300,7 @@ def test_an_engine_down_before_sampling_voids_the_gate(serving_model: Path, unre
     (folder / "candidate.json").write_text(json.dumps({"kind": "harness", "scenario": demo.SCENARIO}))
     view = register_candidate(data, folder)
     result = evaluate_candidate(data, view.candidate_id, GateConfig(samples=1), base_model=str(serving_model),
-                                engine=GateEngine(unreachable, MODEL_NAME), progress=False)
+                                engine=EngineEndpoint(unreachable, MODEL_NAME), progress=False)
     assert result.decision == "void" and result.reason.startswith("gate void: engine fault (ConnectError)")
     assert CandidateRegistry(data, demo.SCENARIO).get(view.candidate_id).status == "void"
 

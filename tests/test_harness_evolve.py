@@ -23,7 +23,7 @@ import yaml
 from recipes.harness_evolve.recipe import HarnessEvolve, mine_rules, parse_mutations
 from reef.demo import rules as demo
 from reef.experience import load
-from reef.gate.evaluate import GateConfig, GateEngine, HarnessArms, evaluate_candidate
+from reef.gate.evaluate import GateConfig, EngineEndpoint, HarnessArms, evaluate_candidate
 from reef.learn.round import RoundPlan, run_round
 from reef.recipe import load_recipe
 from reef.recipe.harness_recipe import Failure, Mutation, NothingToProposeError, ProposalContext, apply_mutations
@@ -191,7 +191,7 @@ def test_evolve_gate_and_release_a_harness_on_the_engine(vllm_url: str, tmp_path
         assert summary.reports == 48 and summary.mean_score < 0.3, summary.render()
         data = tmp_path / "data"
         wait_for(lambda: load(S, data).collect()["score"].is_not_null().sum() >= 48)  # flushed into shards
-        engine = GateEngine(vllm_url, MODEL_NAME)
+        engine = EngineEndpoint(vllm_url, MODEL_NAME)
         out = run_round(plan(data), GateConfig(samples=2), engine=engine, progress=False)
         assert out["status"] == "trained" and out["gate"]["decision"] == "select", out
         assert out["gate"]["backend"] == "engine" and out["gate"]["ci_low"] > 0.2, out["gate"]

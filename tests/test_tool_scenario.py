@@ -135,7 +135,7 @@ def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenari
     final answer. Seeded per task, sample and turn: a rerun gives the same episodes."""
     import asyncio
 
-    from reef.sampling.engine import EngineSession, GateEngine, run_session
+    from reef.sampling.engine import EngineSession, EngineEndpoint, run_session
 
     suite = eval_suite(shop)
     tasks = suite.tasks[:24]
@@ -152,12 +152,12 @@ def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenari
         return list(await asyncio.gather(*(session.episodes(MODEL_NAME, t, Counting(), 3, samples=4, max_tokens=32,
                                                             temperature=1.0, seed=i) for i, t in enumerate(tasks))))
 
-    got = run_session(GateEngine(vllm_url, MODEL_NAME), 32, body)
+    got = run_session(EngineEndpoint(vllm_url, MODEL_NAME), 32, body)
     assert calls, "no episode called the tool"
     assert all(r == f"{t['item']}: {t['price']}" or r.startswith("error") for t, r in calls)
     assert [len(g) for g in got] == [4] * len(tasks) and all("<|im_start|>" not in r for g in got for r in g)
     first = len(calls)
-    assert run_session(GateEngine(vllm_url, MODEL_NAME), 32, body) == got and len(calls) == 2 * first
+    assert run_session(EngineEndpoint(vllm_url, MODEL_NAME), 32, body) == got and len(calls) == 2 * first
 
 
 def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory,

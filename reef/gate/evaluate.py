@@ -61,10 +61,10 @@ from reef.registry.candidates import (
 from reef.registry.chain import ReleaseChain
 from reef.registry.harness import Harness, inject, load_harness
 from reef.registry.schema import Release, adapter_name
-from reef.sampling.engine import Arm, EngineSession, GateEngine, NoFreeSlotError, run_session, taking_turns
+from reef.sampling.engine import Arm, EngineSession, EngineEndpoint, NoFreeSlotError, run_session, taking_turns
 from reef.scenario import EvalSuite, Task
 
-__all__ = ["GateConfig", "GateEngine", "GateFaultError", "HarnessArms", "Weights", "bootstrap_ci",
+__all__ = ["GateConfig", "EngineEndpoint", "GateFaultError", "HarnessArms", "Weights", "bootstrap_ci",
            "evaluate_candidate", "gate_folders", "gate_weights"]
 Outputs = dict[str, list[list[str]]]
 ARMS = ("candidate", "head")
@@ -175,7 +175,7 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
     return outputs, probe
 
 
-def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite: EvalSuite,
+def _engine_outputs(engine: EngineEndpoint, candidate: Weights, head: Weights, suite: EvalSuite,
                     arm_tasks: dict[str, list[Task]], samples: int, config: GateConfig,
                     progress: bool) -> EngineRun:
     from tqdm.auto import tqdm
@@ -239,7 +239,7 @@ def _engine_outputs(engine: GateEngine, candidate: Weights, head: Weights, suite
 
 
 def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: GateConfig | None = None, *,
-                 engine: GateEngine | None = None, head_label: str = "head", head_release_id: str | None = None,
+                 engine: EngineEndpoint | None = None, head_label: str = "head", head_release_id: str | None = None,
                  data_dir: Path | str | None = None, progress: bool = True,
                  harnesses: HarnessArms | None = None) -> GateResult:
     """Compare two models on `suite`; raises on any error (evaluate_candidate turns that into a reject,
@@ -375,7 +375,7 @@ def _engine_holds_base(data_dir: Path | str, base_content: str) -> bool:
     return True
 
 
-def _head_weights(store: ArtifactStore, head: Release, r0: Release, engine: GateEngine | None) -> Weights:
+def _head_weights(store: ArtifactStore, head: Release, r0: Release, engine: EngineEndpoint | None) -> Weights:
     model, adapter = model_folders(store, head.content_id)
     if engine is None:
         return Weights(model, adapter)
@@ -386,7 +386,7 @@ def _head_weights(store: ArtifactStore, head: Release, r0: Release, engine: Gate
 
 def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateConfig | None = None, *,
                        base_model: str | None = None, progress: bool = True,
-                       engine: GateEngine | None = None) -> GateResult:
+                       engine: EngineEndpoint | None = None) -> GateResult:
     """Gate a registered candidate against its scenario's current head and record the decision.
 
     `engine` is the serving vLLM (its OpenAI server, not the gateway); without it, or for
@@ -435,13 +435,13 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateConf
     return result
 
 
-def engine_of(url: str | None, model: str | None) -> GateEngine | None:
-    """`--engine-url/--engine-model` as a GateEngine (None when no URL was given)."""
+def engine_of(url: str | None, model: str | None) -> EngineEndpoint | None:
+    """`--engine-url/--engine-model` as a EngineEndpoint (None when no URL was given)."""
     if url is None:
         return None
     if not model:
         raise ValueError("--engine-url needs --engine-model (the base model's served name)")
-    return GateEngine(url, model)
+    return EngineEndpoint(url, model)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

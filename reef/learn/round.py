@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from reef.recipe.base import Recipe
     from reef.recipe.snapshot import Snapshot
     from reef.recipe.spec import Candidate
-    from reef.sampling.engine import GateEngine
+    from reef.sampling.engine import EngineEndpoint
     from reef.scenario.schema import RecipeSpec
 
 
@@ -245,7 +245,7 @@ def take_snapshot(plan: RoundPlan, recipe: Recipe | None = None) -> Snapshot:
 
 
 def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool = True,
-          engine: GateEngine | None = None) -> Candidate:
+          engine: EngineEndpoint | None = None) -> Candidate:
     """Run the recipe on the snapshot; `engine` (the serving vLLM) is there for recipes that ask a model."""
     from reef.recipe.snapshot import Snapshot
 
@@ -260,7 +260,7 @@ def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool =
 
 
 def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | None = None, *,
-         engine: GateEngine | None = None, progress: bool = True) -> tuple[str, Any]:
+         engine: EngineEndpoint | None = None, progress: bool = True) -> tuple[str, Any]:
     """Register the candidate and gate it against the scenario's head: (candidate id, GateResult).
     `engine`: the serving vLLM (not the gateway), which samples a LoRA candidate's replies."""
     from reef.gate.evaluate import evaluate_candidate
@@ -272,7 +272,7 @@ def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | 
 
 
 def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluate: bool = True,
-              engine: GateEngine | None = None, progress: bool = True) -> dict[str, Any]:
+              engine: EngineEndpoint | None = None, progress: bool = True) -> dict[str, Any]:
     """snapshot -> train -> register -> gate, each step a transition of the scenario's round log
     (reef.learn.round_log). A round that an earlier process left open is closed first: resumed from
     its last durable step (its result is returned) or abandoned (then a new round runs).
@@ -310,7 +310,7 @@ def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluat
 
 
 def resume(plan: RoundPlan, log: RoundLog, gate_config: GateConfig | None = None, *, evaluate: bool = True,
-           engine: GateEngine | None = None, progress: bool = True) -> dict[str, Any] | None:
+           engine: EngineEndpoint | None = None, progress: bool = True) -> dict[str, Any] | None:
     """Close the round an earlier process left open (killed mid-round): the resumed round's result,
     or None when there was none to resume (nothing open, or it was abandoned: nothing was consumed)."""
     from reef.recipe.spec import Candidate
@@ -346,7 +346,7 @@ def resume(plan: RoundPlan, log: RoundLog, gate_config: GateConfig | None = None
 
 
 def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, gate_config: GateConfig | None, *,
-                       evaluate: bool, engine: GateEngine | None, progress: bool,
+                       evaluate: bool, engine: EngineEndpoint | None, progress: bool,
                        resumed: bool = False) -> dict[str, Any]:
     """The steps after `trained` (or after `registered`, when resuming one)."""
     from reef.gate.evaluate import evaluate_candidate

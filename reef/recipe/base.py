@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import transformers
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reef.sampling.engine import GateEngine
+    from reef.sampling.engine import EngineEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Recipe(ABC):
     waits_for: ClassVar[frozenset[str]] = frozenset({"records", "rewarded", "unrewarded"})
     # The serving engine (vLLM's OpenAI server and base-model name), for recipes that ask a model
     # (harness_evolve's llm proposer); the round sets it when it has one.
-    engine: GateEngine | None = None
+    engine: EngineEndpoint | None = None
 
     def __init__(self, config: RecipeConfig | None = None, *, declared: Scenario | None = None, **params: Any) -> None:
         if config is not None and params:

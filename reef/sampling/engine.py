@@ -42,8 +42,9 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class GateEngine:
-    """The serving engine the gate samples through: vLLM's OpenAI server and its base-model name."""
+class EngineEndpoint:
+    """The running engine's OpenAI endpoint (vLLM's own server, never the recording gateway) and
+    its base-model name: what the gate, recipes and `reef scenario check` sample through."""
 
     url: str  # base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
     model: str
@@ -83,7 +84,7 @@ def _alive(pid: int) -> bool:
 class EngineSession:
     """Adapters loaded for one gate run, and the sampling requests."""
 
-    def __init__(self, engine: GateEngine, concurrency: int, timeout_s: float = 600.0) -> None:
+    def __init__(self, engine: EngineEndpoint, concurrency: int, timeout_s: float = 600.0) -> None:
         self.engine = engine
         self.weights = EngineWeights(engine.base_url, timeout_s=timeout_s)
         self.http = httpx.AsyncClient(base_url=engine.base_url, timeout=timeout_s, limits=httpx.Limits(
@@ -228,7 +229,7 @@ def taking_turns(data_dir: Path | None) -> Iterator[None]:
         os.close(fd)
 
 
-def run_session(engine: GateEngine, concurrency: int, body: Callable[[EngineSession], Awaitable[T]],
+def run_session(engine: EngineEndpoint, concurrency: int, body: Callable[[EngineSession], Awaitable[T]],
                 timeout_s: float = 600.0) -> T:
     """Run `body` with a session whose adapters are unloaded afterwards, whatever happens.
 
