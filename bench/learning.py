@@ -190,7 +190,7 @@ def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path
     """Snapshot the new traffic, train a candidate on it, evaluate it on the held-out prompts."""
     from dataclasses import fields
 
-    from reef.recipe.registry import resolve as resolve_recipe
+    from reef.recipe.loading import resolve as resolve_recipe
 
     ref, defaults, overrides = ("next_turn", {}, parse_overrides(args.next_turn_param)) if scenario == NEXT_TURN else (
         args.recipe, DEFAULT_PARAMS, overrides)

@@ -22,7 +22,7 @@ ROOT = Path(reef.__file__).parent
 # package (`reef.server` is the package "server").
 LAYERS: list[str] = [
     "core",          # durable files, state tables, crash points, hashing, clocks, the data-dir layout
-    "scenario",      # the scenario contract: schema, tasks, rewards, environments, registry
+    "scenario",      # the scenario contract: schema, tasks, rewards, environments, discovery
     "config",        # serve.yaml and params.yaml: one pydantic schema
     "engine",        # the vLLM process: supervise it, load weights and adapters into it
     "experience",    # what the gateway records: WAL, shards, store, readers
@@ -155,7 +155,7 @@ def test_release_and_engine_import_without_the_gateway() -> None:
 def test_an_experimental_recipe_warns_when_used() -> None:
     code = ("import warnings\nwarnings.simplefilter('always')\n"
             "with warnings.catch_warnings(record=True) as seen:\n"
-            "    from reef.recipe.registry import resolve\n    resolve('kto'); resolve('rft')\n"
+            "    from reef.recipe.loading import resolve\n    resolve('kto'); resolve('rft')\n"
             "print([type(w.message).__name__ for w in seen])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['ExperimentalRecipeWarning']"

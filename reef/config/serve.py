@@ -197,7 +197,7 @@ class ServeConfig(_Strict):
 
     def scenario(self, name: str) -> Scenario:
         """The scenario as declared by packages and this config together (see reef.scenario)."""
-        from reef.scenario.registry import get_scenario
+        from reef.scenario.discovery import get_scenario
 
         return get_scenario(name, self)
 

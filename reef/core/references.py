@@ -1,7 +1,7 @@
 """Finding what a config names by reference, without importing it: a bare built-in recipe name
 (`rft`: a folder `recipes/<name>/` or `recipes/experimental/<name>/` holding `recipe.py`) or a
 `module:Class` reference. Cheap (no torch), so serve.yaml's references are checked before anything
-heavy loads; `reef.recipe.registry` imports them.
+heavy loads; `reef.recipe.loading` imports them.
 """
 
 from __future__ import annotations

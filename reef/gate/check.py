@@ -26,7 +26,7 @@ import httpx
 from reef.core.chat import ChatError, ChatReply, chat, chat_body
 from reef.gate.evaluator import Evaluation, score_replies
 from reef.scenario.environment import EpisodeState
-from reef.scenario.registry import (
+from reef.scenario.discovery import (
     ENTRY_POINT_GROUP,
     _as_scenarios,
     all_scenarios,

@@ -20,7 +20,7 @@ class ScenarioAdmission:
     @classmethod
     def seeded(cls, config: ServeConfig, stored: Iterable[str]) -> ScenarioAdmission:
         """Known: declared (serve.yaml, packages), holding experience or a release chain."""
-        from reef.scenario.registry import all_scenarios
+        from reef.scenario.discovery import all_scenarios
 
         data = DataDir(config.data_dir)
         on_disk = [p.name for folder in (data.experience(), data.releases()) if folder.is_dir()

@@ -34,7 +34,7 @@ from reef.core.durable import replace_atomically
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.learn import round as rounds
 from reef.learn.round import RoundPlan
-from reef.recipe.registry import resolve
+from reef.recipe.loading import resolve
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.recipe.spec import Candidate
 from reef.scenario.schema import RecipeSpec

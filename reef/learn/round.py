@@ -97,7 +97,7 @@ class RoundPlan(BaseModel):
         return {"base_model": self.base_model, **self.params, "scenario": self.scenario}
 
     def load_recipe(self) -> Recipe:
-        from reef.recipe.registry import load_recipe
+        from reef.recipe.loading import load_recipe
 
         return load_recipe(self.recipe, self.recipe_params(), extra=self.import_dirs)
 

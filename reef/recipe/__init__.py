@@ -10,7 +10,7 @@ the consumed ledger, evaluation and the DVC stages.
 from typing import Any
 
 _EXPORTS = {
-    "Recipe": "reef.recipe.base", "load_recipe": "reef.recipe.registry", "resolve": "reef.recipe.registry",
+    "Recipe": "reef.recipe.base", "load_recipe": "reef.recipe.loading", "resolve": "reef.recipe.loading",
     "EmptySnapshotError": "reef.recipe.snapshot", "Snapshot": "reef.recipe.snapshot",
     "Candidate": "reef.recipe.spec", "ExperienceSpec": "reef.recipe.spec", "Lineage": "reef.recipe.spec",
     "RecipeConfig": "reef.recipe.spec",
@@ -19,7 +19,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: serve.yaml's recipe references are checked through reef.recipe.registry, which must not
+    # Lazy: serve.yaml's recipe references are checked through reef.recipe.loading, which must not
     # pull in torch and transformers with this package.
     if name in _EXPORTS:
         import importlib

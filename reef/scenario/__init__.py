@@ -1,7 +1,7 @@
 """The scenario contract: declare tasks, a reward, an eval suite and a recipe; Reef does the rest."""
 
 from reef.scenario.environment import Environment, EpisodeState, ToolCall, ToolEnvironmentError
-from reef.scenario.registry import (
+from reef.scenario.discovery import (
     ENTRY_POINT_GROUP,
     all_scenarios,
     environment_for,

@@ -20,23 +20,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from reef.config import ServeConfig
 from reef.core.paths import DataDir
+from reef.engine.hold import EngineHold
 from reef.registry.candidates import CandidateRegistry
-from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseError
+from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseChain, ReleaseError
 from reef.registry.schema import Release
 from reef.serving.canary import Canaries, Canary, CanaryLog, CanaryState, recount
+from reef.serving.routing import Routes
 from reef.serving.swap import EngineConflictError
-
-if TYPE_CHECKING:
-    from reef.serving.publisher import Publisher
 
 log = logging.getLogger("reef.registry")
 
 
+class Releases(Protocol):
+    """What the controller needs of the publisher (reef.serving.publisher.Publisher): its lock and
+    state, and the two releases a canary causes. A protocol, so the controller never imports the
+    publisher that owns it."""
+
+    config: ServeConfig
+    data_dir: Path
+    routes: Routes
+    hold: EngineHold
+    lock: asyncio.Lock
+
+    def chain(self, scenario: str) -> ReleaseChain: ...
+
+    async def release(self, scenario: str, candidate_id: str, expected_parent: str,
+                      approved_by: str | None = None, operation: str = "train",
+                      harness: str | None = None) -> tuple[Release, dict[str, Any]]: ...
+
+    async def route(self, scenario: str, expected_parent: str | None, split: tuple[str, float] | None,
+                    approved_by: str | None, evaluation: dict[str, Any] | None = None,
+                    reason: str | None = None) -> Release: ...
+
+
 class CanaryController:
-    def __init__(self, publisher: Publisher, canaries: Canaries) -> None:
+    def __init__(self, publisher: Releases, canaries: Canaries) -> None:
         self.publisher = publisher
         self.canaries = canaries
         self._tasks: dict[str, asyncio.Task[None]] = {}
