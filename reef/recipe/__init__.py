@@ -12,8 +12,9 @@ from typing import Any
 _EXPORTS = {
     "Recipe": "reef.recipe.base", "load_recipe": "reef.recipe.registry", "resolve": "reef.recipe.registry",
     "EmptySnapshotError": "reef.recipe.snapshot", "Snapshot": "reef.recipe.snapshot",
-    "Candidate": "reef.recipe.spec", "ExperienceSpec": "reef.recipe.spec", "Lineage": "reef.recipe.spec",
-    "RecipeConfig": "reef.recipe.spec",
+    "ExperienceSpec": "reef.recipe.snapshot", "RecipeConfig": "reef.recipe.config",
+    # What a recipe returns; the registry stores it, so it is defined there.
+    "Candidate": "reef.registry.schema", "Lineage": "reef.registry.schema",
 }
 __all__ = sorted(_EXPORTS)
 
