@@ -1,5 +1,6 @@
-"""Learning from experience: recipes (TRL trainers over snapshots of recorded traffic), snapshots,
-the consumed ledger, evaluation and the DVC stages.
+"""The recipe contract: recipes (TRL trainers over snapshots of recorded traffic) and their configs,
+snapshots and the experience spec they apply, the consumed ledger. What a recipe returns
+(`Candidate`, with its `Lineage`) is exported here and defined by the registry that stores it.
 
     from reef.recipe import Snapshot, load_recipe
     recipe = load_recipe("recipes.rft.recipe:RFT", {"max_steps": 20})

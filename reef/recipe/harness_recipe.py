@@ -40,7 +40,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.core.durable import replace_dir
-from reef.core.paths import DataDir
+from reef.core.paths import CANDIDATE_FILE, DataDir
 from reef.recipe import ledger
 from reef.recipe.base import DEFAULT_CANDIDATES, Recipe, _versions, git_commit
 from reef.recipe.config import RecipeConfig
@@ -70,8 +70,8 @@ class Mutation(BaseModel):
         parts = path.split("/")
         if not path or path.startswith("/") or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
             raise ValueError(f"{path!r} is not a relative path inside the harness")
-        if path == "candidate.json":
-            raise ValueError("candidate.json is the candidate's metadata, not a harness file")
+        if path == CANDIDATE_FILE:
+            raise ValueError(f"{CANDIDATE_FILE} is the candidate's metadata, not a harness file")
         return path
 
 
