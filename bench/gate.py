@@ -34,7 +34,7 @@ from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
-from reef.gate.evaluate import GateConfig, EngineEndpoint, Weights, gate_weights  # noqa: E402
+from reef.gate.evaluate import EngineEndpoint, GateConfig, Weights, gate_weights  # noqa: E402
 from reef.gate.evaluator import suite_for  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402

@@ -26,7 +26,7 @@ from reef.config import StoreConfig
 from reef.core.hashing import sha256_json
 from reef.experience.schema import Choice, Message, Record, Report, Tag, record_content_hash
 from reef.experience.store import ExperienceStore
-from reef.registry import ArtifactStore, Release, ReleaseChain, ReleaseLineage
+from reef.registry import ArtifactStore, Lineage, Release, ReleaseChain
 from reef.registry.candidates import CandidateRegistry, GateResult, PromptOutcome
 
 SYSTEM = "You add numbers. Reply as 'Answer: <number>'."
@@ -90,11 +90,11 @@ def write_chain(data_dir: Path, scenario: str, n_releases: int = 4) -> list[Rele
     artifacts = ArtifactStore.for_data_dir(data_dir, fsync=False)
     chain = ReleaseChain.for_data_dir(data_dir, scenario, artifacts=artifacts, fsync=False)
     with tempfile.TemporaryDirectory() as tmp:
-        base = artifacts.import_base(_fake_base(Path(tmp)), lineage=ReleaseLineage(base_model="data/models/tiny"))
+        base = artifacts.import_base(_fake_base(Path(tmp)), lineage=Lineage(base_model="data/models/tiny"))
         releases = [chain.ensure_base(base.content_id, base.lineage)]
         for i in range(1, n_releases):
             prompt = f"{SYSTEM} Think step {i}: add the ones, then the tens."
-            lineage = ReleaseLineage(
+            lineage = Lineage(
                 snapshot_id=f"{scenario}-snap-{i:04d}", snapshot_hash=hashlib.sha256(f"snap{i}".encode()).hexdigest(),
                 recipe="recipes.harness_evolve.recipe:HarnessEvolve", params={"max_mutations": i},
                 parent_release=releases[-1].release_id, code_commit="0123abc", base_model="data/models/tiny",

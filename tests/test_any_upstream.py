@@ -23,8 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from reef.engine.supervisor import free_port
 from reef.experience import load
-from reef.recipe.snapshot import select
-from reef.recipe.spec import ExperienceSpec
+from reef.recipe.snapshot import ExperienceSpec, select
 from reef.serve_process import ServeProcess
 
 pytestmark = [pytest.mark.model_free, pytest.mark.any_model]

@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from reef.experience import load
-from reef.recipe.snapshot import select
-from reef.recipe.spec import ExperienceSpec
+from reef.recipe.snapshot import ExperienceSpec, select
 from tests.helpers import MODEL_NAME, wait_for
 from tests.helpers.gateway import Gateway
 

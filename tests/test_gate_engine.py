@@ -16,7 +16,7 @@ import pytest
 
 from reef.demo import task as demo
 from reef.engine.weights import EngineWeights
-from reef.gate.evaluate import GateConfig, EngineEndpoint, Weights, evaluate_candidate, gate_weights
+from reef.gate.evaluate import EngineEndpoint, GateConfig, Weights, evaluate_candidate, gate_weights
 from reef.recipe import Candidate
 from reef.registry.candidates import GateResult, register_candidate
 from reef.sampling.engine import TEMP_PREFIX

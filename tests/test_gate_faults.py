@@ -19,7 +19,7 @@ import pytest
 
 from reef.core.chat import ChatError
 from reef.demo import rules as demo
-from reef.gate.evaluate import GateConfig, EngineEndpoint, HarnessArms, Weights, evaluate_candidate, gate_weights
+from reef.gate.evaluate import EngineEndpoint, GateConfig, HarnessArms, Weights, evaluate_candidate, gate_weights
 from reef.gate.faults import Void, fault_of, with_retries
 from reef.gate.stats import sign_test
 from reef.registry.candidates import TRANSITIONS, CandidateEvent, CandidateRegistry, GateResult, register_candidate

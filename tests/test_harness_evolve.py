@@ -23,7 +23,7 @@ import yaml
 from recipes.harness_evolve.recipe import HarnessEvolve, mine_rules, parse_mutations
 from reef.demo import rules as demo
 from reef.experience import load
-from reef.gate.evaluate import GateConfig, EngineEndpoint, HarnessArms, evaluate_candidate
+from reef.gate.evaluate import EngineEndpoint, GateConfig, HarnessArms, evaluate_candidate
 from reef.learn.round import RoundPlan, run_round
 from reef.recipe import load_recipe
 from reef.recipe.harness_recipe import Failure, Mutation, NothingToProposeError, ProposalContext, apply_mutations

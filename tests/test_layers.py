@@ -26,8 +26,8 @@ LAYERS: list[str] = [
     "config",        # serve.yaml and params.yaml: one pydantic schema
     "engine",        # the vLLM process: supervise it, load weights and adapters into it
     "experience",    # what the gateway records: WAL, shards, store, readers
+    "registry",      # artifacts, release chains and candidates on disk (`Candidate`: what a recipe makes)
     "sampling",      # asking a model: one completion type, transformers and engine backends, episodes
-    "registry",      # artifacts, release chains and candidates on disk
     "recipe",        # the recipe contract: snapshots, ledger, training examples, the Recipe base
     "gate",          # the one evaluator and the gate's decision; `reef scenario check`
     "serving",       # the control plane: publisher, swap, routing, adapters, canaries

@@ -16,9 +16,9 @@ from transformers import AutoTokenizer
 
 from recipes.experimental.kto.recipe import kto_examples
 from recipes.online_rl.recipe import rl_examples
+from reef.core.paths import CANDIDATE_FILE
 from reef.recipe import Snapshot, load_recipe
 from reef.recipe.policy_gradient import policy_gradient_loss
-from reef.recipe.spec import CANDIDATE_FILE
 from reef.recipe.tokens import IGNORE, CutStats, fit_left, sft_examples
 from reef.sampling.completion import Completion
 from reef.sampling.rollout import sample

@@ -14,10 +14,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from recipes.online_rl.recipe import rl_examples
+from reef.core.paths import CANDIDATE_FILE
 from reef.learn.pipeline import gate_metrics
 from reef.recipe import EmptySnapshotError, ExperienceSpec, Snapshot, load_recipe, resolve
 from reef.recipe.ledger import ConsumedError, consumed
-from reef.recipe.spec import CANDIDATE_FILE, Candidate
+from reef.registry.schema import Candidate
 from reef.sampling.load import load_model
 from reef.traffic.offline import record_offline_traffic
 

@@ -18,10 +18,10 @@ from recipes.experimental.kto.recipe import KTO, kto_examples
 from recipes.experimental.self_play.recipe import Proposer, SelfPlay
 from recipes.experimental.ttt.recipe import TTT, entropic_advantages
 from reef.config import PipelineParams
+from reef.core.paths import CANDIDATE_FILE
 from reef.learn.pipeline import learn_once, plan
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe, resolve
 from reef.recipe.practice import describe
-from reef.recipe.spec import CANDIDATE_FILE
 from reef.sampling.load import load_model
 from reef.scenario import EvalSpec, Scenario, ScenarioError, get_scenario, load_tasks, training_tasks
 from reef.traffic.offline import record_offline_traffic

@@ -18,9 +18,9 @@ from reef.registry import (
     ArtifactStore,
     ChainCorruptError,
     HeadMovedError,
+    Lineage,
     ReleaseChain,
     ReleaseError,
-    ReleaseLineage,
     Routing,
 )
 
@@ -36,7 +36,7 @@ def cid(name: str) -> str:
 
 def chain_with_base(root: Path, scenario: str = "demo") -> ReleaseChain:
     chain = ReleaseChain(root, scenario)
-    chain.ensure_base(cid("base"), ReleaseLineage(base_model="data/models/tiny"))
+    chain.ensure_base(cid("base"), Lineage(base_model="data/models/tiny"))
     return chain
 
 
@@ -191,7 +191,7 @@ def test_publish_checks_the_artifact_store(tmp_path: Path) -> None:
 
 def test_rollback_is_a_new_release(tmp_path: Path) -> None:
     chain = chain_with_base(tmp_path)
-    r1 = chain.publish("demo@r0", cid("B"), "lora", "train", lineage=ReleaseLineage(recipe="sft", snapshot_id="s1"))
+    r1 = chain.publish("demo@r0", cid("B"), "lora", "train", lineage=Lineage(recipe="sft", snapshot_id="s1"))
     chain.publish("demo@r1", cid("C"), "full", "promote")
     history = chain.chain_path.read_bytes()
     with pytest.raises(HeadMovedError):

@@ -135,7 +135,7 @@ def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenari
     final answer. Seeded per task, sample and turn: a rerun gives the same episodes."""
     import asyncio
 
-    from reef.sampling.engine import EngineSession, EngineEndpoint, run_session
+    from reef.sampling.engine import EngineEndpoint, EngineSession, run_session
 
     suite = eval_suite(shop)
     tasks = suite.tasks[:24]

@@ -54,7 +54,7 @@ class DemoTrafficParams(_Strict):
 
 
 class ExperienceParams(_Strict):
-    """`train.experience`: which records a round takes (reef.recipe.spec.ExperienceSpec); unset: the recipe's."""
+    """`train.experience`: which records a round takes (reef.recipe.snapshot.ExperienceSpec); unset: the recipe's."""
 
     batch_size: int | None = Field(default=None, ge=1, description="eligible rewarded records one round takes")
     max_staleness: int | None = Field(default=None, ge=0, description="releases behind the head a record may be")

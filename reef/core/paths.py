@@ -4,8 +4,8 @@ A data dir (`reef serve --data-dir`, `data/` by default) holds the experience th
 the release chains, the artifact store, the learner's rounds and what a round makes (snapshots,
 candidates, the consumed ledger). `DataDir` is the one place that knows the folder names; a layer
 keeps the names of the files inside its own folders. A candidate folder holds `candidate.json`
-(its kind, lineage and metrics) beside the weights: the recipe that writes it and the sampler that
-loads it agree on that name here.
+(its kind, lineage and metrics) beside the weights, read and written by
+`reef.registry.schema.Candidate`; its name is here because the folder is not the registry's.
 """
 
 from __future__ import annotations

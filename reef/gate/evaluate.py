@@ -61,7 +61,7 @@ from reef.registry.candidates import (
 from reef.registry.chain import ReleaseChain
 from reef.registry.harness import Harness, inject, load_harness
 from reef.registry.schema import Release, adapter_name
-from reef.sampling.engine import Arm, EngineSession, EngineEndpoint, NoFreeSlotError, run_session, taking_turns
+from reef.sampling.engine import Arm, EngineEndpoint, EngineSession, NoFreeSlotError, run_session, taking_turns
 from reef.scenario import EvalSuite, Task
 
 __all__ = ["GateConfig", "EngineEndpoint", "GateFaultError", "HarnessArms", "Weights", "bootstrap_ci",
@@ -112,7 +112,7 @@ class Weights:
     @classmethod
     def of_folder(cls, path: Path | str) -> Weights:
         """A model folder, or a recipe's candidate folder (a LoRA runs on the base it names)."""
-        from reef.recipe.spec import CANDIDATE_FILE
+        from reef.core.paths import CANDIDATE_FILE
 
         path = Path(path)
         meta = json.loads((path / CANDIDATE_FILE).read_text()) if (path / CANDIDATE_FILE).is_file() else {}

@@ -36,7 +36,7 @@ from reef.learn import round as rounds
 from reef.learn.round import RoundPlan
 from reef.recipe.loading import resolve
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
-from reef.recipe.spec import Candidate
+from reef.registry.schema import Candidate
 from reef.scenario.schema import RecipeSpec
 
 RELEASE_DIR = DataDir(DEFAULT_DATA_DIR)  # where the pipeline's candidates are registered and gated

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from reef.learn.round_log import Round, RoundLog
     from reef.recipe.base import Recipe
     from reef.recipe.snapshot import Snapshot
-    from reef.recipe.spec import Candidate
+    from reef.registry.schema import Candidate
     from reef.sampling.engine import EngineEndpoint
     from reef.scenario.schema import RecipeSpec
 
@@ -313,7 +313,7 @@ def resume(plan: RoundPlan, log: RoundLog, gate_config: GateConfig | None = None
            engine: EngineEndpoint | None = None, progress: bool = True) -> dict[str, Any] | None:
     """Close the round an earlier process left open (killed mid-round): the resumed round's result,
     or None when there was none to resume (nothing open, or it was abandoned: nothing was consumed)."""
-    from reef.recipe.spec import Candidate
+    from reef.registry.schema import Candidate
 
     rnd = log.open_round()
     if rnd is None:
@@ -377,7 +377,7 @@ def _trained_on(plan: RoundPlan, snapshot_hash: str | None) -> Path | None:
     import polars as pl
 
     from reef.recipe import ledger
-    from reef.recipe.spec import Candidate
+    from reef.registry.schema import Candidate
 
     if snapshot_hash is None:
         return None

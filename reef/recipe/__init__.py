@@ -1,5 +1,6 @@
-"""Learning from experience: recipes (TRL trainers over snapshots of recorded traffic), snapshots,
-the consumed ledger, evaluation and the DVC stages.
+"""The recipe contract: recipes (TRL trainers over snapshots of recorded traffic) and their configs,
+snapshots and the experience spec they apply, the consumed ledger. What a recipe returns
+(`Candidate`, with its `Lineage`) is exported here and defined by the registry that stores it.
 
     from reef.recipe import Snapshot, load_recipe
     recipe = load_recipe("recipes.rft.recipe:RFT", {"max_steps": 20})
@@ -12,8 +13,9 @@ from typing import Any
 _EXPORTS = {
     "Recipe": "reef.recipe.base", "load_recipe": "reef.recipe.loading", "resolve": "reef.recipe.loading",
     "EmptySnapshotError": "reef.recipe.snapshot", "Snapshot": "reef.recipe.snapshot",
-    "Candidate": "reef.recipe.spec", "ExperienceSpec": "reef.recipe.spec", "Lineage": "reef.recipe.spec",
-    "RecipeConfig": "reef.recipe.spec",
+    "ExperienceSpec": "reef.recipe.snapshot", "RecipeConfig": "reef.recipe.config",
+    # What a recipe returns; the registry stores it, so it is defined there.
+    "Candidate": "reef.registry.schema", "Lineage": "reef.registry.schema",
 }
 __all__ = sorted(_EXPORTS)
 

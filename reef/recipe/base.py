@@ -17,10 +17,10 @@ The same call runs in a notebook, the CLI and the DVC train stage.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 from abc import ABC
@@ -33,9 +33,10 @@ from reef.core.durable import replace_dir
 from reef.core.hashing import sha256_json, weights_sha256
 from reef.core.paths import DataDir
 from reef.recipe import ledger
-from reef.recipe.snapshot import EmptySnapshotError, Snapshot
-from reef.recipe.spec import CANDIDATE_FILE, Candidate, ExperienceSpec, Lineage, RecipeConfig, git_commit
+from reef.recipe.config import RecipeConfig
+from reef.recipe.snapshot import EmptySnapshotError, ExperienceSpec, Snapshot
 from reef.recipe.training_log import TrainingLog, keep_events, per_step, tensorboard_available
+from reef.registry.schema import Candidate, Lineage
 from reef.scenario import Scenario, get_scenario
 
 if TYPE_CHECKING:
@@ -61,14 +62,26 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def git_commit(cwd: Path | str = ".") -> str:
+    """HEAD of the repository at `cwd` (the project whose recipes and params ran), suffixed
+    "+dirty" when tracked files differ from it; "unknown" outside a git repository."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def check_adapter_base(adapter: Path, base_model: str) -> None:
     """An adapter trained on other base weights would silently mean something else on these."""
     if not (adapter / "adapter_config.json").is_file():
         raise ValueError(f"init_adapter {adapter} holds no adapter_config.json (not a LoRA adapter)")
-    meta = adapter / CANDIDATE_FILE
-    if meta.is_file():
-        lineage = json.loads(meta.read_text()).get("lineage", {})
-        expected, actual = lineage.get("base_model_sha256"), weights_sha256(base_model)
+    candidate = Candidate.read_if_any(adapter)
+    if candidate is not None:
+        expected, actual = candidate.lineage.base_model_sha256, weights_sha256(base_model)
         if expected and actual and expected != actual:
             raise ValueError(f"init_adapter {adapter} was trained on base weights {expected[:12]}, "
                              f"not on {base_model} ({actual[:12]})")

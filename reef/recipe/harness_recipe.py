@@ -5,7 +5,8 @@ lineage and the consumed ledger. A recipe only implements `propose()` (see recip
 
 The candidate folder (what `HarnessRecipe.run` writes, `CandidateRegistry.register` imports, the
 gate evaluates and the dashboard shows) is the WHOLE harness tree after the mutations, at the
-folder's root, laid out as reef.registry.harness describes, plus candidate.json (not content):
+folder's root, laid out as reef.registry.harness describes, plus candidate.json (not content; its
+type is reef.registry.schema.Candidate):
 
     <candidate>/system.md, rules.md, skills/<name>/SKILL.md, examples/...   the new harness tree
     <candidate>/candidate.json
@@ -39,11 +40,12 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.core.durable import replace_dir
-from reef.core.paths import DataDir
+from reef.core.paths import CANDIDATE_FILE, DataDir
 from reef.recipe import ledger
-from reef.recipe.base import DEFAULT_CANDIDATES, Recipe, _versions
+from reef.recipe.base import DEFAULT_CANDIDATES, Recipe, _versions, git_commit
+from reef.recipe.config import RecipeConfig
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
-from reef.recipe.spec import Candidate, Lineage, RecipeConfig, git_commit
+from reef.registry.schema import Candidate, Lineage
 
 CANDIDATE_KIND: Literal["harness"] = "harness"
 
@@ -68,8 +70,8 @@ class Mutation(BaseModel):
         parts = path.split("/")
         if not path or path.startswith("/") or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
             raise ValueError(f"{path!r} is not a relative path inside the harness")
-        if path == "candidate.json":
-            raise ValueError("candidate.json is the candidate's metadata, not a harness file")
+        if path == CANDIDATE_FILE:
+            raise ValueError(f"{CANDIDATE_FILE} is the candidate's metadata, not a harness file")
         return path
 
 

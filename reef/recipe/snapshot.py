@@ -1,4 +1,4 @@
-"""Snapshots: a scenario's experience frozen for one training round.
+"""Snapshots: a scenario's experience frozen for one training round, and the spec that picks it.
 
     snap = Snapshot.create("demo-add", "data", recipe.experience())
     snap.samples()   # one row per recorded choice, with the served token ids and logprobs
@@ -17,7 +17,7 @@ import hashlib
 import json
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,58 @@ from reef.core.paths import DataDir
 from reef.experience import load
 from reef.experience.load import EXPERIENCE_FEATURES, SESSION_COL
 from reef.recipe import ledger
-from reef.recipe.spec import ExperienceSpec
+from reef.scenario.schema import StalePolicy
 
 RECORDS_FILE = "records.parquet"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_ROOT = DataDir().snapshots()
+
+
+@dataclass(frozen=True)
+class ExperienceSpec:
+    """Which records of a scenario a round trains on; `Snapshot.create` applies it.
+
+    `group_by`: None, "prompt" (identical recorded prompt token ids), "tag:<name>" (a request tag,
+    e.g. "tag:task_id"), "scenario" (all records one group) or "session" (a session's turns, so
+    `min_group_size: 2` takes sessions of two turns or more, whole). Agent turns each have their own
+    prompt, so RL over sessions groups by a task tag or the scenario, never by prompt.
+    `corrections`: a record below `min_score` is still taken when its report carries a `correction`
+    (the reply that was wanted), for recipes that train on that instead. `batch_size` caps the
+    samples (choices) per round, newest first, whole groups at a time. Records beyond
+    `max_staleness` releases behind the head are dropped or kept with weight
+    `stale_weight ** (staleness - max_staleness)`, per `stale_policy`.
+    """
+
+    scenario: str
+    needs_reports: bool = True
+    group_by: str | None = None
+    min_group_size: int = 1
+    max_staleness: int | None = None
+    stale_policy: StalePolicy = "drop"
+    stale_weight: float = 0.5
+    batch_size: int | None = None
+    min_score: float | None = None
+    drop_duplicates: bool = True
+    # Records below min_score whose report carries a correction are kept too (rft trains on the
+    # correction instead of the reply).
+    corrections: bool = False
+
+    def __post_init__(self) -> None:
+        named = self.group_by in (None, "prompt", "scenario", "session")
+        if not named and not (self.group_by or "").startswith("tag:"):
+            raise ValueError(f"group_by must be None, 'prompt', 'scenario', 'session' or 'tag:<name>', "
+                             f"got {self.group_by!r}")
+        if self.stale_policy not in ("drop", "downweight"):
+            raise ValueError(f"stale_policy must be 'drop' or 'downweight', got {self.stale_policy!r}")
+        if not 0.0 <= self.stale_weight <= 1.0:
+            raise ValueError(f"stale_weight must be in [0, 1], got {self.stale_weight}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if not self.corrections:  # unset, it leaves the content hashes of earlier snapshots as they were
+            del out["corrections"]
+        return out
+
 
 
 class EmptySnapshotError(RuntimeError):

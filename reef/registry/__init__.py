@@ -1,5 +1,6 @@
-"""Releases: content-addressed artifacts (what is served) and each scenario's append-only release
-chain (which artifact serves it, since when, approved by whom, and what came before).
+"""Releases: candidates (a recipe's output folder, `Candidate`), content-addressed artifacts (what is
+served) and each scenario's append-only release chain (which artifact serves it, since when,
+approved by whom, and what came before).
 
     from reef.registry import ArtifactStore, ReleaseChain
     store = ArtifactStore.for_data_dir("data")
@@ -28,15 +29,16 @@ from reef.registry.chain import (
 from reef.registry.schema import (
     ArtifactFile,
     ArtifactManifest,
+    Candidate,
+    Lineage,
     Release,
-    ReleaseLineage,
     Routing,
     RoutingArm,
     release_name,
 )
 
 __all__ = [
-    "ArtifactError", "ArtifactFile", "ArtifactManifest", "ArtifactNotFoundError", "ArtifactStore",
-    "ChainCorruptError", "CorruptArtifactError", "HeadMovedError", "Release", "ReleaseChain", "ReleaseError",
-    "ReleaseLineage", "ReleaseNotFoundError", "Routing", "RoutingArm", "content_id_of", "release_name",
+    "ArtifactError", "ArtifactFile", "ArtifactManifest", "ArtifactNotFoundError", "ArtifactStore", "Candidate",
+    "ChainCorruptError", "CorruptArtifactError", "HeadMovedError", "Lineage", "Release", "ReleaseChain",
+    "ReleaseError", "ReleaseNotFoundError", "Routing", "RoutingArm", "content_id_of", "release_name",
 ]

@@ -35,7 +35,8 @@ from reef.registry.schema import (
     ArtifactFile,
     ArtifactKind,
     ArtifactManifest,
-    ReleaseLineage,
+    Candidate,
+    Lineage,
 )
 
 log = logging.getLogger(__name__)
@@ -125,16 +126,15 @@ class ArtifactStore:
         self, candidate_dir: Path | str, *, base_model_dir: Path | str | None = None, link: bool = False
     ) -> ArtifactManifest:
         """A recipe's candidate folder: a PEFT adapter (adapter_config.json present) or full
-        weights, with the lineage from its candidate.json."""
+        weights, with the lineage from its candidate.json (if it has one)."""
         src = Path(candidate_dir)
-        meta_path = src / CANDIDATE_FILE
-        meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        candidate = Candidate.read_if_any(src)
         is_adapter = (src / ADAPTER_CONFIG).is_file()
-        kind: ArtifactKind = meta.get("kind") or ("lora" if is_adapter else "full")
+        kind: ArtifactKind = (candidate.kind if candidate else None) or ("lora" if is_adapter else "full")
         if kind not in ("lora", "full") or (kind == "lora") != is_adapter:
             raise ArtifactError(f"{src}: candidate.json says kind {kind!r} but {ADAPTER_CONFIG} is "
                                 f"{'present' if is_adapter else 'absent'}")
-        lineage = ReleaseLineage.model_validate(meta["lineage"]) if meta.get("lineage") else None
+        lineage = candidate.lineage.given() if candidate else None
         base = lineage.base_model if lineage else None
         if base is None and is_adapter:
             base = json.loads((src / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
@@ -144,16 +144,16 @@ class ArtifactStore:
         )
 
     def import_base(
-        self, model_dir: Path | str, *, lineage: ReleaseLineage | None = None, link: bool = False
+        self, model_dir: Path | str, *, lineage: Lineage | None = None, link: bool = False
     ) -> ArtifactManifest:
         """The base model a scenario's release 0 serves."""
         src = Path(model_dir)
         weights = src / "model.safetensors"
         sha = sha256_file(weights) if weights.is_file() else None
-        lineage = lineage or ReleaseLineage(base_model=str(src), base_model_sha256=sha)
+        lineage = lineage or Lineage(base_model=str(src), base_model_sha256=sha)
         return self.import_tree(src, "full", base_model=str(src), base_model_sha256=sha, lineage=lineage, link=link)
 
-    def import_harness(self, tree: Path | str, *, lineage: ReleaseLineage | None = None) -> ArtifactManifest:
+    def import_harness(self, tree: Path | str, *, lineage: Lineage | None = None) -> ArtifactManifest:
         """A text tree (prompts, tool definitions, configs) that changes behaviour without weights.
         A candidate folder's `eval.json` (`reef recipe run`'s metrics) is not part of it."""
         return self.import_tree(Path(tree), "harness", lineage=lineage)
@@ -166,7 +166,7 @@ class ArtifactStore:
         base_model: str | None = None,
         base_model_sha256: str | None = None,
         base_model_dir: Path | str | None = None,
-        lineage: ReleaseLineage | None = None,
+        lineage: Lineage | None = None,
         link: bool = False,
     ) -> ArtifactManifest:
         """Copy (or, with `link`, hardlink where the filesystem allows) `src` into the store."""

@@ -32,7 +32,7 @@ from reef.core.durable import append_line, read_log, replace_atomically
 from reef.core.paths import DataDir
 from reef.core.statemachine import IllegalTransitionError, LogEvent, Transitions
 from reef.registry.artifacts import ArtifactStore
-from reef.registry.schema import ArtifactKind, ReleaseLineage, validate_scenario
+from reef.registry.schema import ArtifactKind, Candidate, Lineage, validate_scenario
 
 log = logging.getLogger("reef.registry")
 
@@ -147,7 +147,7 @@ class CandidateView(BaseModel):
     source: str | None = None
     source_id: str | None = None  # the recipe's own id (`<scenario>-<hash>`), for people
     created_at: datetime
-    lineage: ReleaseLineage | None = None
+    lineage: Lineage | None = None
     train_metrics: dict[str, Any] = Field(default_factory=dict)
     training_log: list[dict[str, Any]] = Field(default_factory=list, description="per-step training metrics")
     mutations: list[dict[str, Any]] = Field(default_factory=list,
@@ -224,13 +224,12 @@ class CandidateRegistry:
         """Import a recipe's candidate folder (weights, or a harness tree when its candidate.json says
         kind "harness"); the existing view when this content is registered."""
         src = Path(candidate_dir)
-        meta = json.loads((src / "candidate.json").read_text()) if (src / "candidate.json").is_file() else {}
-        if meta.get("scenario") not in (None, self.scenario):
-            raise CandidateError(f"{src} is a candidate for {meta['scenario']}, not {self.scenario}")
+        candidate = Candidate.read_if_any(src) or Candidate(path=src)
+        if candidate.scenario not in (None, self.scenario):
+            raise CandidateError(f"{src} is a candidate for {candidate.scenario}, not {self.scenario}")
         store = artifacts or ArtifactStore.for_data_dir(self.data_dir)
-        if meta.get("kind") == "harness":
-            lineage = ReleaseLineage.model_validate(meta["lineage"]) if meta.get("lineage") else None
-            manifest = store.import_harness(src, lineage=lineage)
+        if candidate.kind == "harness":
+            manifest = store.import_harness(src, lineage=candidate.lineage.given())
         else:
             manifest = store.import_candidate(src)
         with self._locked():
@@ -238,11 +237,11 @@ class CandidateRegistry:
                 if view.candidate_id == manifest.content_id:
                     return view
             self._append(CandidateEvent(candidate_id=manifest.content_id, event="registered", data={
-                "kind": manifest.kind, "source": str(src.resolve()), "source_id": meta.get("id"),
+                "kind": manifest.kind, "source": str(src.resolve()), "source_id": candidate.id,
                 "created_at": utcnow().isoformat(),
                 "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
-                "train_metrics": meta.get("metrics") or {}, "training_log": meta.get("training_log") or [],
-                **({"mutations": meta["mutations"]} if meta.get("mutations") else {}),
+                "train_metrics": candidate.metrics, "training_log": candidate.training_log,
+                **({"mutations": candidate.mutations} if candidate.mutations else {}),
             }))
         return self.get(manifest.content_id)
 
@@ -302,10 +301,12 @@ class CandidateRegistry:
 def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario: str | None = None) -> CandidateView:
     """Register a recipe's candidate folder under its scenario (read from its candidate.json)."""
     if scenario is None:
-        meta_path = Path(candidate_dir) / "candidate.json"
-        if not meta_path.is_file():
+        candidate = Candidate.read_if_any(candidate_dir)
+        if candidate is None:
             raise CandidateError(f"{candidate_dir} has no candidate.json; pass the scenario")
-        scenario = json.loads(meta_path.read_text())["scenario"]
+        if candidate.scenario is None:
+            raise CandidateError(f"{candidate_dir}'s candidate.json names no scenario; pass it")
+        scenario = candidate.scenario
     return CandidateRegistry(data_dir, scenario).register(candidate_dir)
 
 

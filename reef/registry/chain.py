@@ -33,9 +33,9 @@ from reef.core.paths import DataDir
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.schema import (
     ArtifactKind,
+    Lineage,
     Operation,
     Release,
-    ReleaseLineage,
     Routing,
     release_name,
     validate_scenario,
@@ -157,9 +157,9 @@ class ReleaseChain:
         operation: Operation,
         evaluation: dict[str, Any] | None = None,
         approved_by: str | None = None,
-        lineage: ReleaseLineage | None = None,
+        lineage: Lineage | None = None,
         harness_id: str | None = None,
-        harness_lineage: ReleaseLineage | None = None,
+        harness_lineage: Lineage | None = None,
         routing: Routing | None = None,
     ) -> Release:
         """Append a release serving `content_id` (with harness `harness_id`, traffic split by
@@ -192,7 +192,7 @@ class ReleaseChain:
         return self._commit(expected_parent, build)
 
     def ensure_base(
-        self, content_id: str, lineage: ReleaseLineage | None = None, kind: ArtifactKind = "full"
+        self, content_id: str, lineage: Lineage | None = None, kind: ArtifactKind = "full"
     ) -> Release:
         """Release 0 (the base model), created if the chain is empty; the existing r0 if it serves
         the same content. A different base is refused: the chain already says what r0 was."""

@@ -1,17 +1,23 @@
-"""The one definition of what the release package stores: artifact manifests and releases (with
-their routing: how a release splits traffic between its content and a canary candidate).
+"""The one definition of what the release package stores: candidates (a recipe's output folder),
+artifact manifests and releases (with their routing: how a release splits traffic between its
+content and a canary candidate), and the lineage all three carry.
 
-A manifest is `<artifacts>/<content_id>/manifest.json`; a release is one line of
-`<releases>/<scenario>/chain.jsonl`. Both are plain JSON (`model_dump_json()`), readable without Reef.
+A candidate is `<folder>/candidate.json` beside its weights or harness tree; a manifest is
+`<artifacts>/<content_id>/manifest.json`; a release is one line of `<releases>/<scenario>/chain.jsonl`.
+All are plain JSON, readable without Reef. `Candidate` is the only reader and writer of candidate.json.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reef.core.paths import CANDIDATE_FILE
 
 ArtifactKind = Literal["lora", "full", "harness"]
 # "route": the same content as the parent, with traffic split differently (a canary starts or ends).
@@ -52,22 +58,84 @@ def canary_label(scenario: str, content_id: str) -> str:
     return f"{scenario}@canary-{content_id[:12]}"
 
 
-class ReleaseLineage(BaseModel):
-    """Where content came from: the JSON form of reef.recipe.spec.Lineage. Every field is optional
-    (a base model has no snapshot or recipe) and unknown fields are kept, so a recipe adding one
-    never makes its candidate unimportable."""
+class Lineage(BaseModel):
+    """Where content came from: enough to reproduce it or to refuse to release it. A recipe fills
+    every field (`base_model_sha256` and `parent_harness` may be None); the registry keeps what a
+    candidate, a base model or a hand-made folder gives, so every field is optional and unknown
+    fields are kept (a recipe adding one never makes its candidate unimportable)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     snapshot_id: str | None = None
     snapshot_hash: str | None = None
-    recipe: str | None = None
+    recipe: str | None = None  # "module:Class"
     params: dict[str, Any] | None = None
-    parent_release: str | None = None
-    code_commit: str | None = None
+    parent_release: str | None = None  # the release serving the scenario when the snapshot was taken
+    code_commit: str | None = None  # git HEAD, "+dirty" when the work tree differs; "unknown" outside git
     base_model: str | None = None
     base_model_sha256: str | None = None
     versions: dict[str, str] | None = None
+    # A harness candidate's: the content id of the harness its mutations were applied to (None: none).
+    parent_harness: str | None = None
+
+    def given(self) -> Lineage | None:
+        """Itself, or None when it was read from nothing (no lineage, or an empty one)."""
+        return self if self.model_fields_set or self.model_extra else None
+
+
+class Candidate(BaseModel):
+    """A recipe's output folder (`path`): weights, a LoRA adapter or a harness tree, beside its
+    candidate.json. A recipe fills every field; a hand-made folder's candidate.json may give only
+    its kind and scenario (the registry infers the rest), so the others have defaults."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    path: Path  # the folder; read from wherever it is now, not from the file
+    id: str | None = None  # the recipe's own id, `<scenario>-<hash>` (the registry's is the content id)
+    kind: ArtifactKind | None = None  # None: the registry tells an adapter by its adapter_config.json
+    scenario: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    lineage: Lineage = Field(default_factory=Lineage)
+    created_at: str | None = None
+    # Per-step training metrics (loss, reward, kl, grad_norm, learning_rate, ...), one dict per step.
+    training_log: list[dict[str, Any]] = Field(default_factory=list)
+    # A harness candidate's changes to its parent harness (reef.recipe.harness_recipe.Mutation, as dicts).
+    mutations: list[dict[str, Any]] = Field(default_factory=list)
+
+    @classmethod
+    def read(cls, folder: Path | str) -> Candidate:
+        """The candidate in `folder`; FileNotFoundError when it holds no candidate.json."""
+        data = json.loads((Path(folder) / CANDIDATE_FILE).read_text())
+        return cls.model_validate({**data, "path": Path(folder)})
+
+    @classmethod
+    def read_if_any(cls, folder: Path | str) -> Candidate | None:
+        """The candidate in `folder`, or None for a folder without candidate.json (a model folder)."""
+        return cls.read(folder) if (Path(folder) / CANDIDATE_FILE).is_file() else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.model_dump(), "path": str(self.path)}
+
+    def write(self, into: Path | None = None) -> Path:
+        """Write candidate.json into `into` (a staging folder) or the candidate's own folder."""
+        target = (into or self.path) / CANDIDATE_FILE
+        target.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        return target
+
+    def weights(self) -> tuple[Path, Path | None]:
+        """What to load, (model, adapter): a LoRA candidate runs on the base model its lineage
+        names, with its own folder as the adapter; any other candidate is the model itself."""
+        if self.kind != "lora":
+            return self.path, None
+        if self.lineage.base_model is None:
+            raise ValueError(f"{self.path}: a LoRA candidate whose lineage names no base model")
+        return Path(self.lineage.base_model), self.path
+
+    @classmethod
+    def weights_of(cls, folder: Path | str) -> tuple[Path, Path | None]:
+        """`weights()` of the candidate in `folder`; a plain model folder is the model itself."""
+        candidate = cls.read_if_any(folder)
+        return candidate.weights() if candidate is not None else (Path(folder), None)
 
 
 class ArtifactFile(BaseModel):
@@ -94,7 +162,7 @@ class ArtifactManifest(BaseModel):
     tokenizer_sha256: str | None = None
     chat_template_sha256: str | None = None
     files: list[ArtifactFile]
-    lineage: ReleaseLineage | None = None
+    lineage: Lineage | None = None
     source: str | None = None  # the folder it was first imported from, for people
     created_at: datetime
 
@@ -162,12 +230,12 @@ class Release(BaseModel):
     evaluation: dict[str, Any] | None = None
     approved_by: str | None = None
     created_at: datetime
-    lineage: ReleaseLineage | None = None
+    lineage: Lineage | None = None
     restores: str | None = None
     # The harness (prompts, rules, skills) served with the weights: a harness release changes only
     # this, a composite release both in one step. None: no harness (chains from before it).
     harness_id: str | None = Field(default=None, pattern=CONTENT_ID_PATTERN)
-    harness_lineage: ReleaseLineage | None = None
+    harness_lineage: Lineage | None = None
     # A traffic split (a canary), restored by a restart or a rollback like the content is. None: the
     # content answers every request.
     routing: Routing | None = None

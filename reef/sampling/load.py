@@ -1,16 +1,16 @@
-"""The one model loader: a model folder, a recipe's candidate folder (a LoRA candidate runs on the base
-model its candidate.json names), or a base model with an adapter; for sampling or for training."""
+"""The one model loader: a model folder, a recipe's candidate folder (`Candidate.weights_of`: a LoRA
+candidate runs on the base model its lineage names), or a base model with an adapter; for sampling
+or for training."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from reef.core.paths import CANDIDATE_FILE
+from reef.registry.schema import Candidate
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:
@@ -23,9 +23,8 @@ def load_model(path: Path | str, adapter: Path | str | None = None, *, trainable
     loaded as its base model with itself as the adapter. For sampling (the default) the adapter is
     merged in and the model is in eval mode; `trainable` keeps the adapter a trainable PEFT model."""
     path = Path(path)
-    meta = json.loads((path / CANDIDATE_FILE).read_text()) if (path / CANDIDATE_FILE).is_file() else {}
-    if adapter is None and meta.get("kind") == "lora":
-        path, adapter = Path(meta["lineage"]["base_model"]), path
+    if adapter is None:
+        path, adapter = Candidate.weights_of(path)
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if adapter is not None:
         from peft import PeftModel
