@@ -254,7 +254,8 @@ FINAL = {"released", "rejected", "done", "failed", "abandoned", "gated"}  # gate
 
 def _selected_full_candidate(data: Path) -> tuple[str, dict]:
     """A full-weight rft candidate of demo-add the gate selects, registered in `data`: (id, its probe)."""
-    from reef.gate.evaluate import GateConfig, evaluate_candidate
+    from reef.config import GateSettings
+    from reef.gate.evaluate import evaluate_candidate
     from reef.recipe import Snapshot, load_recipe
     from reef.registry.candidates import register_candidate
     from reef.traffic.offline import record_offline_traffic
@@ -267,7 +268,7 @@ def _selected_full_candidate(data: Path) -> tuple[str, dict]:
                            ledger_root=data.parent / "ledger")
     cand = rft.run(snap, out_root=data.parent / "candidates", progress=False, consume=False)
     view = register_candidate(data, cand.path)
-    result = evaluate_candidate(data, view.candidate_id, GateConfig(samples=2), progress=False)
+    result = evaluate_candidate(data, view.candidate_id, GateSettings(samples=2), progress=False)
     if result.decision != "select" or result.probe is None:
         raise RuntimeError(f"the gate did not select the bench's candidate: {result.reason}")
     return view.candidate_id, result.probe.model_dump()

@@ -31,12 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
-from reef.config import ServeConfig  # noqa: E402
+from reef.config import GateSettings, ServeConfig  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
-from reef.gate.evaluate import EngineEndpoint, GateConfig, Weights, gate_weights  # noqa: E402
-from reef.gate.evaluator import suite_for  # noqa: E402
+from reef.gate.arms import Weights  # noqa: E402
+from reef.gate.evaluate import gate_weights  # noqa: E402
+from reef.gate.scoring import suite_for  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
+from reef.sampling.engine import EngineEndpoint  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
 
 TINY = REPO / "data" / "models" / "tiny"
@@ -70,7 +72,7 @@ def engine_cpu(pid: int) -> float:
 def one(path: str, candidate: Weights, head: Weights, suite: Any, samples: int, engine: EngineEndpoint,
         engine_pid: int) -> dict[str, Any]:
     cpu0, eng0, t0 = time.process_time(), engine_cpu(engine_pid), time.perf_counter()
-    result = gate_weights(candidate, head, suite, GateConfig(samples=samples),
+    result = gate_weights(candidate, head, suite, GateSettings(samples=samples),
                           engine=engine if path == "engine" else None, progress=False)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0 + (engine_cpu(engine_pid) - eng0 if path == "engine" else 0.0)

@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
+from reef.config import GateSettings  # noqa: E402
 from reef.demo import rules as demo  # noqa: E402
-from reef.gate.evaluate import GateConfig, evaluate_candidate  # noqa: E402
+from reef.gate.evaluate import evaluate_candidate  # noqa: E402
 from reef.learn.round import RoundPlan, run_round  # noqa: E402
 from reef.registry.candidates import CandidateRegistry  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
@@ -80,7 +81,7 @@ def main() -> int:
         folder = Path(out["candidate"]["path"])
         view = CandidateRegistry(data, demo.SCENARIO).register(folder)
         result = timed(phases, "gate (both arms, transformers)", lambda: evaluate_candidate(
-            data, view.candidate_id, GateConfig(samples=args.samples, seed=args.seed), base_model=str(TINY),
+            data, view.candidate_id, GateSettings(samples=args.samples, seed=args.seed), base_model=str(TINY),
             progress=False))
         rules = (folder / "rules.md").read_text()
 

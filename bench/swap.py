@@ -31,8 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.client import ReefClient  # noqa: E402
+from reef.config import GateSettings  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
-from reef.gate.evaluate import GateConfig, evaluate_candidate  # noqa: E402
+from reef.gate.evaluate import evaluate_candidate  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.registry.candidates import register_candidate  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
@@ -59,7 +60,7 @@ def candidates(work: Path, data: Path) -> dict[str, str]:
                                ledger_root=work / "ledger")
         cand = rft.run(snap, out_root=work / "candidates" / name, progress=False, consume=False)
         view = register_candidate(data, cand.path)
-        result = evaluate_candidate(data, view.candidate_id, GateConfig(samples=2), progress=False)
+        result = evaluate_candidate(data, view.candidate_id, GateSettings(samples=2), progress=False)
         assert result.decision == "select", result.reason
         out[name] = view.candidate_id
     return out

@@ -24,9 +24,10 @@ import pytest
 import yaml
 
 from reef.client import ReefClient
+from reef.config import GateSettings
 from reef.demo import task as demo
 from reef.engine.supervisor import free_port
-from reef.gate.evaluate import GateConfig, evaluate_candidate
+from reef.gate.evaluate import evaluate_candidate
 from reef.registry.candidates import register_candidate
 from tests.helpers import ARTIFACTS, MODEL_NAME, REPO, TINY
 from tests.helpers.gateway import Gateway
@@ -60,7 +61,7 @@ def server(vllm_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFac
         "scenarios": {S: {"policy": "approval"}},
     }))
     view = register_candidate(work / "data", cand.path)
-    result = evaluate_candidate(work / "data", view.candidate_id, GateConfig(samples=2), base_model=str(TINY),
+    result = evaluate_candidate(work / "data", view.candidate_id, GateSettings(samples=2), base_model=str(TINY),
                                 progress=False)
     assert result.decision == "select", result.reason
     gw = Gateway(work, vllm_url, ["--model", str(TINY)]).start()

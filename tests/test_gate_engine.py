@@ -14,12 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reef.config import GateSettings
 from reef.demo import task as demo
 from reef.engine.weights import EngineWeights
-from reef.gate.evaluate import EngineEndpoint, GateConfig, Weights, evaluate_candidate, gate_weights
+from reef.gate.arms import Weights
+from reef.gate.evaluate import evaluate_candidate, gate_weights
 from reef.recipe import Candidate
 from reef.registry.candidates import GateResult, register_candidate
-from reef.sampling.engine import TEMP_PREFIX
+from reef.sampling.engine import TEMP_PREFIX, EngineEndpoint
 from reef.scenario import EvalSpec, Scenario, eval_suite
 from tests.helpers import MODEL_NAME, TINY
 from tests.helpers.releases import train_candidates
@@ -73,7 +75,7 @@ def engine_gates(cands: dict[str, Candidate], engine: EngineEndpoint,
     results = {}
     for name, samples in (("trained", 4), ("same", 1)):
         view = register_candidate(data, cands[name].path)
-        results[name] = evaluate_candidate(data, view.candidate_id, GateConfig(samples=samples), engine=engine,
+        results[name] = evaluate_candidate(data, view.candidate_id, GateSettings(samples=samples), engine=engine,
                                            progress=False)
     return results
 
@@ -110,7 +112,7 @@ def test_a_reply_the_reward_cannot_score_is_counted_not_scored_zero(
     rows = [demo.as_row(t) | {"unscorable": i % 3 == 0} for i, t in enumerate(demo.eval_tasks()[:12])]
     suite = small_suite(tmp_path, rows)
     result = gate_weights(Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME), suite,
-                          GateConfig(), engine=engine, progress=False)
+                          GateSettings(), engine=engine, progress=False)
     skipped = sum(r["unscorable"] for r in rows)
     assert result.backend == "engine"
     assert result.unscored == skipped * 2 * 2  # samples x arms
@@ -168,12 +170,12 @@ def test_a_gate_without_a_free_adapter_slot_samples_with_transformers(
 
 def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, Candidate],
                                                               engine_gates: dict[str, GateResult]) -> None:
-    from reef.gate.evaluator import suite_for
+    from reef.gate.scoring import suite_for
 
     on_engine = engine_gates["trained"]  # the candidate's gate on the engine, 4 samples, vs the base (r0)
     assert on_engine.samples_per_prompt == 4
     candidate, head = Weights(TINY, cands["trained"].path), Weights(TINY)
-    offline = gate_weights(candidate, head, suite_for(demo.SCENARIO), GateConfig(samples=4), progress=False)
+    offline = gate_weights(candidate, head, suite_for(demo.SCENARIO), GateSettings(samples=4), progress=False)
     assert (on_engine.backend, offline.backend) == ("engine", "transformers")
     # 80 tasks x 4 samples per arm: a success rate's standard error is at most 0.028; allow ~3 of
     # the difference's (0.04 each).

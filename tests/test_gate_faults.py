@@ -17,14 +17,16 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+from reef.config import GateSettings
 from reef.core.chat import ChatError
 from reef.demo import rules as demo
-from reef.gate.evaluate import EngineEndpoint, GateConfig, HarnessArms, Weights, evaluate_candidate, gate_weights
+from reef.gate.arms import HarnessArms, Weights
+from reef.gate.evaluate import evaluate_candidate, gate_weights
 from reef.gate.faults import Void, fault_of, with_retries
 from reef.gate.stats import sign_test
 from reef.registry.candidates import TRANSITIONS, CandidateEvent, CandidateRegistry, GateResult, register_candidate
 from reef.registry.harness import Harness
-from reef.sampling.engine import GateEngineError
+from reef.sampling.engine import EngineEndpoint, GateEngineError
 from reef.scenario import eval_suite, get_scenario
 from tests.helpers import MODEL_NAME
 
@@ -221,7 +223,7 @@ def test_faulted_pairs_are_void_in_both_arms_and_the_rest_are_judged(vllm_url: s
             return UNAVAILABLE  # the retry gets through: judged
         return None
 
-    config = GateConfig(samples=1, fault_retries=1, fault_backoff_s=0.0, request_timeout_s=10.0, min_valid_pairs=8)
+    config = GateSettings(samples=1, fault_retries=1, fault_backoff_s=0.0, request_timeout_s=10.0, min_valid_pairs=8)
     with FaultyProxy(vllm_url, rule) as proxy:
         weights = Weights(Path("unused"), served=MODEL_NAME)  # both arms on the engine's own weights
         result = gate_weights(weights, weights, suite, config, engine=EngineEndpoint(proxy.url, MODEL_NAME),
@@ -260,7 +262,7 @@ def test_too_few_valid_pairs_void_the_gate_and_the_candidate_is_not_rejected(
     view = register_candidate(data, folder)
     words = _words(eval_suite(get_scenario(demo.SCENARIO)))
     answered = set(words[:3])
-    config = GateConfig(samples=1, fault_retries=1, fault_backoff_s=0.0)
+    config = GateSettings(samples=1, fault_retries=1, fault_backoff_s=0.0)
 
     with FaultyProxy(vllm_url, lambda word, arm, attempt: None if word in answered else UNAVAILABLE) as proxy:
         result = evaluate_candidate(data, view.candidate_id, config, base_model=str(serving_model),
@@ -299,17 +301,7 @@ def test_an_engine_down_before_sampling_voids_the_gate(serving_model: Path, unre
     (folder / "rules.md").write_text(f"- {RULE}\n")
     (folder / "candidate.json").write_text(json.dumps({"kind": "harness", "scenario": demo.SCENARIO}))
     view = register_candidate(data, folder)
-    result = evaluate_candidate(data, view.candidate_id, GateConfig(samples=1), base_model=str(serving_model),
+    result = evaluate_candidate(data, view.candidate_id, GateSettings(samples=1), base_model=str(serving_model),
                                 engine=EngineEndpoint(unreachable, MODEL_NAME), progress=False)
     assert result.decision == "void" and result.reason.startswith("gate void: engine fault (ConnectError)")
     assert CandidateRegistry(data, demo.SCENARIO).get(view.candidate_id).status == "void"
-
-
-def test_params_yaml_gate_settings_default_to_the_gates_own() -> None:
-    import dataclasses
-
-    from reef.config import GateSettings
-
-    settings = GateSettings()
-    assert {f.name: getattr(settings, f.name) for f in dataclasses.fields(GateConfig)} == dataclasses.asdict(
-        GateConfig())

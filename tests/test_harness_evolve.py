@@ -21,15 +21,18 @@ import pytest
 import yaml
 
 from recipes.harness_evolve.recipe import HarnessEvolve, mine_rules, parse_mutations
+from reef.config import GateSettings
 from reef.demo import rules as demo
 from reef.experience import load
-from reef.gate.evaluate import EngineEndpoint, GateConfig, HarnessArms, evaluate_candidate
+from reef.gate.arms import HarnessArms
+from reef.gate.evaluate import evaluate_candidate
 from reef.learn.round import RoundPlan, run_round
 from reef.recipe import load_recipe
 from reef.recipe.harness_recipe import Failure, Mutation, NothingToProposeError, ProposalContext, apply_mutations
 from reef.recipe.snapshot import Snapshot
 from reef.registry.candidates import register_candidate
 from reef.registry.harness import SHOTS_FILE, Harness, inject
+from reef.sampling.engine import EngineEndpoint
 from reef.scenario import eval_suite, get_scenario
 from reef.traffic.offline import record_offline_traffic
 from tests.helpers import MODEL_NAME, TINY, wait_for
@@ -108,7 +111,7 @@ def test_mined_round_proposes_gates_and_selects_a_rule(offline: Path) -> None:
 
     view = register_candidate(offline, folder)
     assert view.kind == "harness" and view.mutations[0]["path"] == "rules.md"
-    result = evaluate_candidate(offline, view.candidate_id, GateConfig(samples=2), base_model=str(TINY),
+    result = evaluate_candidate(offline, view.candidate_id, GateSettings(samples=2), base_model=str(TINY),
                                 progress=False)
     assert result.decision == "select", result.reason
     assert result.backend == "transformers" and result.probe is None
@@ -192,7 +195,7 @@ def test_evolve_gate_and_release_a_harness_on_the_engine(vllm_url: str, tmp_path
         data = tmp_path / "data"
         wait_for(lambda: load(S, data).collect()["score"].is_not_null().sum() >= 48)  # flushed into shards
         engine = EngineEndpoint(vllm_url, MODEL_NAME)
-        out = run_round(plan(data), GateConfig(samples=2), engine=engine, progress=False)
+        out = run_round(plan(data), GateSettings(samples=2), engine=engine, progress=False)
         assert out["status"] == "trained" and out["gate"]["decision"] == "select", out
         assert out["gate"]["backend"] == "engine" and out["gate"]["ci_low"] > 0.2, out["gate"]
         r0 = api.releases(S)["releases"][0]

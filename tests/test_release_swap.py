@@ -26,8 +26,9 @@ import pytest
 import yaml
 
 from reef.client import HeadMovedError, ReefAPIError, ReefClient
+from reef.config import GateSettings
 from reef.demo import task as demo
-from reef.gate.evaluate import GateConfig, evaluate_candidate
+from reef.gate.evaluate import evaluate_candidate
 from reef.recipe import Candidate
 from reef.registry.candidates import CandidateRegistry, register_candidate
 from tests.helpers import MODEL_NAME, TINY
@@ -75,7 +76,7 @@ def ids(cands: dict[str, Candidate], workdir: Path) -> dict[str, str]:
     out = {}
     for name, cand in cands.items():
         view = register_candidate(workdir / "data", cand.path)
-        evaluate_candidate(workdir / "data", view.candidate_id, GateConfig(samples=2), progress=False)
+        evaluate_candidate(workdir / "data", view.candidate_id, GateSettings(samples=2), progress=False)
         out[name] = view.candidate_id
     return out
 

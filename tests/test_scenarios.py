@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -200,6 +202,7 @@ def test_scenario_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "package (reef.demo.scenario:scenario)" in demo and "(per task)" in demo and " 80 " in demo
 
 
+REWARD_5 = "def r(task, reply):\n    return 1.0 if reply == 'Answer: 5' else 0.0\n"
 UNREACHABLE = "http://127.0.0.1:9"  # a declaration fault is found before any request is sent
 
 
@@ -230,6 +233,48 @@ def test_bad_declarations_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out, err = run_cli(capsys, "scenario", "check", name, "-c", str(config), "--url", UNREACHABLE)
     assert code == 2, (out, err)
     assert expect in err and "Traceback" not in err
+
+
+@pytest.mark.model_free
+def test_check_asks_the_engine_as_a_client_would(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the gate's engine session, but with the scenario's settings only: no seed, top_p,
+    top_k or tool_choice (the server's defaults), `n` replies per eval task in one request."""
+    bodies: list[dict] = []
+
+    class Engine(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def reply(self, data: dict) -> None:
+            out = json.dumps(data).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self.reply({"data": [{"id": "stub"}]})
+            else:
+                self.send_error(404)
+
+        def do_POST(self) -> None:
+            bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.reply({"choices": [{"index": i, "message": {"role": "assistant", "content": "Answer: 5"},
+                                     "finish_reason": "stop"} for i in range(bodies[-1]["n"])]})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = write_scenario(tmp_path, f"{write_module(tmp_path, REWARD_5)}:r")
+        code, out, err = run_cli(capsys, "scenario", "check", "support", "-c", str(config), "--url",
+                                 f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    assert code == 0, err
+    assert bodies == [{"model": "stub", "messages": TASK["messages"], "n": 2, "max_tokens": 8, "temperature": 1.0}] * 3
+    assert "reward ran on 6 replies of stub" in out and out.splitlines()[-1].startswith("base success 100.0%")
 
 
 @pytest.mark.vllm

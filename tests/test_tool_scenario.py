@@ -166,7 +166,9 @@ def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_p
     """Simulated agents through the gateway (the client executes price(item) via the scenario's
     environment, one x-reef-session per run, one session report on the final answer); rft on the
     whole rewarded sessions (masked loss) lifts held-out success on items never in the traffic."""
-    from reef.gate.evaluate import GateConfig, Weights, gate_weights
+    from reef.config import GateSettings
+    from reef.gate.arms import Weights
+    from reef.gate.evaluate import gate_weights
     from reef.traffic.simulate import simulate
 
     summary = simulate(gateway.url, shop, requests=384, concurrency=16, seed=0, progress=False)
@@ -188,7 +190,7 @@ def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_p
     candidate = recipe.run(snap, out_root=tmp_path_factory.mktemp("cand"), progress=False)
     suite = eval_suite(shop)
     suite.tasks = suite.tasks[:40]
-    result = gate_weights(Weights.of_folder(candidate.path), Weights(tiny), suite, GateConfig(samples=4),
+    result = gate_weights(Weights.of_folder(candidate.path), Weights(tiny), suite, GateSettings(samples=4),
                           progress=False)
     assert result.decision == "select", result.reason
     assert result.candidate_success >= result.head_success + 0.2, result.reason

@@ -205,10 +205,13 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from reef.gate.evaluate import GateConfig, engine_of, evaluate_candidate
+    from reef.config import GateSettings
+    from reef.gate.evaluate import evaluate_candidate
     from reef.registry.candidates import register_candidate
+    from reef.registry.schema import Candidate
+    from reef.sampling.engine import engine_of
 
-    if not (args.path / "candidate.json").is_file():
+    if Candidate.read_if_any(args.path) is None:
         raise UsageError(f"{args.path} is not a candidate folder (no candidate.json)")
     try:
         engine = engine_of(args.engine_url, args.engine_model)
@@ -216,7 +219,7 @@ def _gate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     view = register_candidate(args.data_dir, args.path)
     result = evaluate_candidate(args.data_dir, view.candidate_id,
-                                GateConfig(samples=args.samples, min_delta=args.min_delta), engine=engine)
+                                GateSettings(samples=args.samples, min_delta=args.min_delta), engine=engine)
     if args.json:
         print(json.dumps({"candidate_id": view.candidate_id, **result.summary()}, indent=2))
     else:

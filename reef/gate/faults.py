@@ -31,6 +31,10 @@ class Void:
     attempts: int
 
 
+class GateFaultError(RuntimeError):
+    """The engine faulted outside any one task (e.g. the probe) past its retries: nothing to judge."""
+
+
 def fault_of(exc: BaseException) -> str | None:
     """A short name of the infrastructure fault behind `exc` (e.g. `ReadTimeout`, `HTTP 503`), or
     None when `exc` is not one. The engine path wraps what went wrong (GateEngineError from an

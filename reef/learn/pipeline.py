@@ -76,16 +76,15 @@ def stage_train(params: PipelineParams, scenario: str, progress: bool = True) ->
 def gate_metrics(candidate: Path | str, baseline: Path | str, scenario: str, evaluate: dict[str, Any],
                  out: Path, progress: bool = False) -> dict[str, Any]:
     """The gate's comparison of a candidate folder with `baseline`, written to `out` as metrics JSON.
-    `evaluate` (params.yaml's section) holds GateConfig fields: samples, seed, confidence, min_delta."""
-    from dataclasses import fields
+    `evaluate` (params.yaml's section) holds GateSettings fields: samples, seed, confidence, min_delta."""
+    from reef.config import GateSettings
+    from reef.gate.evaluate import gate_folders
 
-    from reef.gate.evaluate import GateConfig, gate_folders
-
-    known = {f.name for f in fields(GateConfig)}
+    known = set(GateSettings.model_fields)
     if unknown := sorted(set(evaluate) - known):
         raise ValueError(f"evaluate: unknown key(s) {unknown}; the gate takes {sorted(known)} (sampling settings "
                          "are the scenario's eval: max_new_tokens, samples, temperature, seed)")
-    result = gate_folders(candidate, baseline, scenario, GateConfig(**evaluate), progress=progress)
+    result = gate_folders(candidate, baseline, scenario, GateSettings(**evaluate), progress=progress)
     metrics = {"scenario": scenario, "baseline": str(baseline), **result.summary()}
     out.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(out, (json.dumps(metrics, indent=2) + "\n").encode())

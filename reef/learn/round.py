@@ -38,8 +38,7 @@ from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 if TYPE_CHECKING:
     import polars as pl
 
-    from reef.config import ServeConfig
-    from reef.gate.evaluate import GateConfig
+    from reef.config import GateSettings, ServeConfig
     from reef.learn.round_log import Round, RoundLog
     from reef.recipe.base import Recipe
     from reef.recipe.snapshot import Snapshot
@@ -259,7 +258,7 @@ def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool =
     return recipe.run(snapshot, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
 
 
-def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | None = None, *,
+def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateSettings | None = None, *,
          engine: EngineEndpoint | None = None, progress: bool = True) -> tuple[str, Any]:
     """Register the candidate and gate it against the scenario's head: (candidate id, GateResult).
     `engine`: the serving vLLM (not the gateway), which samples a LoRA candidate's replies."""
@@ -271,7 +270,7 @@ def gate(plan: RoundPlan, candidate_path: Path | str, gate_config: GateConfig | 
                                                  engine=engine)
 
 
-def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluate: bool = True,
+def run_round(plan: RoundPlan, gate_config: GateSettings | None = None, *, evaluate: bool = True,
               engine: EngineEndpoint | None = None, progress: bool = True) -> dict[str, Any]:
     """snapshot -> train -> register -> gate, each step a transition of the scenario's round log
     (reef.learn.round_log). A round that an earlier process left open is closed first: resumed from
@@ -309,7 +308,7 @@ def run_round(plan: RoundPlan, gate_config: GateConfig | None = None, *, evaluat
         return {**out, "round_state": rnd.state}
 
 
-def resume(plan: RoundPlan, log: RoundLog, gate_config: GateConfig | None = None, *, evaluate: bool = True,
+def resume(plan: RoundPlan, log: RoundLog, gate_config: GateSettings | None = None, *, evaluate: bool = True,
            engine: EngineEndpoint | None = None, progress: bool = True) -> dict[str, Any] | None:
     """Close the round an earlier process left open (killed mid-round): the resumed round's result,
     or None when there was none to resume (nothing open, or it was abandoned: nothing was consumed)."""
@@ -345,7 +344,7 @@ def resume(plan: RoundPlan, log: RoundLog, gate_config: GateConfig | None = None
     return {**out, "round_state": rnd.state}
 
 
-def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, gate_config: GateConfig | None, *,
+def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, gate_config: GateSettings | None, *,
                        evaluate: bool, engine: EngineEndpoint | None, progress: bool,
                        resumed: bool = False) -> dict[str, Any]:
     """The steps after `trained` (or after `registered`, when resuming one)."""
@@ -416,24 +415,26 @@ def _failing(log: RoundLog, rnd: Round) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reef.gate.evaluate import GateConfig, add_engine_arguments, engine_of
+    from reef.config import GateSettings
     from reef.learn.round_log import RoundBusyError
     from reef.recipe.snapshot import EmptySnapshotError
+    from reef.sampling.engine import add_engine_arguments, engine_of
 
+    defaults = GateSettings()
     parser = argparse.ArgumentParser(prog="python -m reef.learn.round", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", type=Path, required=True, help="a RoundPlan as JSON")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--gate-samples", type=int, default=GateConfig.samples)
-    parser.add_argument("--gate-confidence", type=float, default=GateConfig.confidence)
-    parser.add_argument("--gate-min-delta", type=float, default=GateConfig.min_delta)
-    parser.add_argument("--gate-fault-retries", type=int, default=GateConfig.fault_retries)
-    parser.add_argument("--gate-min-valid-pairs", type=int, default=GateConfig.min_valid_pairs)
+    parser.add_argument("--gate-samples", type=int, default=defaults.samples)
+    parser.add_argument("--gate-confidence", type=float, default=defaults.confidence)
+    parser.add_argument("--gate-min-delta", type=float, default=defaults.min_delta)
+    parser.add_argument("--gate-fault-retries", type=int, default=defaults.fault_retries)
+    parser.add_argument("--gate-min-valid-pairs", type=int, default=defaults.min_valid_pairs)
     add_engine_arguments(parser)
     args = parser.parse_args(argv)
     plan = RoundPlan.model_validate_json(args.plan.read_text())
-    gate_config = GateConfig(samples=args.gate_samples, confidence=args.gate_confidence,
-                             min_delta=args.gate_min_delta, fault_retries=args.gate_fault_retries,
-                             min_valid_pairs=args.gate_min_valid_pairs)
+    gate_config = GateSettings(samples=args.gate_samples, confidence=args.gate_confidence,
+                               min_delta=args.gate_min_delta, fault_retries=args.gate_fault_retries,
+                               min_valid_pairs=args.gate_min_valid_pairs)
     try:
         result = run_round(plan, gate_config, engine=engine_of(args.engine_url, args.engine_model), progress=False)
     except EmptySnapshotError as exc:

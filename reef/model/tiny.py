@@ -38,7 +38,7 @@ from transformers import (
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
 from reef.core.hashing import weights_sha256
-from reef.gate.evaluator import score_replies
+from reef.gate.scoring import score_replies
 from reef.model.chat_format import CHAT_TEMPLATE, IM_END, IM_START, chat_segments, split_tools
 from reef.model.corpus import Chat, Corpus, Stage, build_corpus, contributions
 from reef.sampling.completion import texts

@@ -11,10 +11,13 @@ unloads adapters whose process is gone.
 Each task is one request with `n` = samples, the task's messages and tools as they are, and a
 per-task `seed`, so a rerun samples the same replies and both arms share their random numbers. A
 task of a scenario with an environment is `samples` episodes, one request per episode and turn.
+`reef scenario check` samples through the same session as a client would ask (`as_client`): no
+seed, and the server's defaults for top_p, top_k and tool_choice.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import os
@@ -53,6 +56,21 @@ class EngineEndpoint:
     def base_url(self) -> str:
         url = self.url.rstrip("/")
         return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def engine_of(url: str | None, model: str | None) -> EngineEndpoint | None:
+    """`--engine-url/--engine-model` as an EngineEndpoint (None when no URL was given)."""
+    if url is None:
+        return None
+    if not model:
+        raise ValueError("--engine-url needs --engine-model (the base model's served name)")
+    return EngineEndpoint(url, model)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine-url", default=None,
+                        help="the serving vLLM's OpenAI server (not the gateway); unset: transformers samples")
+    parser.add_argument("--engine-model", default=None, help="the base model's name on that server")
 
 
 class GateEngineError(RuntimeError):
@@ -166,33 +184,50 @@ class EngineSession:
         await self.weights.close()
         await self.http.aclose()
 
+    async def replies(self, model: str, task: dict[str, Any], environment: Environment | None, max_turns: int, *,
+                      samples: int, max_tokens: int, temperature: float, seed: int | None,
+                      as_client: bool = False) -> list[str]:
+        """`samples` replies to a task: episodes when its scenario has an environment, else one request."""
+        settings: dict[str, Any] = {"samples": samples, "max_tokens": max_tokens, "temperature": temperature,
+                                    "seed": seed, "as_client": as_client}
+        if environment is not None:
+            return await self.episodes(model, task, environment, max_turns, **settings)
+        return await self.sample(model, task, **settings)
+
     async def sample(self, model: str, task: dict[str, Any], *, samples: int, max_tokens: int, temperature: float,
-                     seed: int) -> list[str]:
+                     seed: int | None, as_client: bool = False) -> list[str]:
         choices = await self._choices(model, task, task["messages"], samples=samples, max_tokens=max_tokens,
-                                      temperature=temperature, seed=seed)
+                                      temperature=temperature, seed=seed, as_client=as_client)
         return [reply_text(message) for message in choices]
 
     async def episodes(self, model: str, task: dict[str, Any], environment: Environment, max_turns: int, *,
-                       samples: int, max_tokens: int, temperature: float, seed: int) -> list[str]:
+                       samples: int, max_tokens: int, temperature: float, seed: int | None,
+                       as_client: bool = False) -> list[str]:
         """`samples` episodes of a task with an environment, each its own request per turn (they
         diverge after the first reply); each one's final reply text."""
         states = [EpisodeState(task, environment, max_turns) for _ in range(samples)]
 
         async def run(k: int, state: EpisodeState) -> None:
             while not state.done:
+                turn_seed = None if seed is None else seed + 100_003 * k + 1_009 * state.turns
                 message = (await self._choices(model, task, state.messages, samples=1, max_tokens=max_tokens,
-                                               temperature=temperature,
-                                               seed=seed + 100_003 * k + 1_009 * state.turns))[0]
+                                               temperature=temperature, seed=turn_seed, as_client=as_client))[0]
                 await asyncio.to_thread(state.advance, message)  # a tool may block (a real command, a request)
 
         await asyncio.gather(*(run(k, state) for k, state in enumerate(states)))
         return [state.reply or "" for state in states]
 
     async def _choices(self, model: str, task: dict[str, Any], messages: list[dict[str, Any]], *, samples: int,
-                       max_tokens: int, temperature: float, seed: int) -> list[dict[str, Any]]:
+                       max_tokens: int, temperature: float, seed: int | None,
+                       as_client: bool) -> list[dict[str, Any]]:
+        """`as_client`: the request a client sends (`reef scenario check` measures what users get):
+        the server's defaults for top_p, top_k and tool_choice; else the model's own distribution at
+        `temperature` (no top-k/top-p) and the task's tool_choice."""
         tools = task.get("tools")
-        body = chat_body(model, messages, n=samples, max_tokens=max_tokens, temperature=temperature, top_p=1.0,
-                         top_k=0, seed=seed, tools=tools, tool_choice=task.get("tool_choice") if tools else None)
+        pinned: dict[str, Any] = {} if as_client else {
+            "top_p": 1.0, "top_k": 0, "tool_choice": task.get("tool_choice") if tools else None}
+        body = chat_body(model, messages, n=samples, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                         tools=tools, **pinned)
         try:
             async with self.limit:
                 try:

@@ -1,6 +1,5 @@
 """The scenario contract: declare tasks, a reward, an eval suite and a recipe; Reef does the rest."""
 
-from reef.scenario.environment import Environment, EpisodeState, ToolCall, ToolEnvironmentError
 from reef.scenario.discovery import (
     ENTRY_POINT_GROUP,
     all_scenarios,
@@ -11,6 +10,7 @@ from reef.scenario.discovery import (
     reward_for,
     training_tasks,
 )
+from reef.scenario.environment import Environment, EpisodeState, ToolCall, ToolEnvironmentError
 from reef.scenario.reward import RewardError, RewardFn, Score, parse_judge_score
 from reef.scenario.schema import (
     CanaryConfig,
