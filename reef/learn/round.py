@@ -1,8 +1,9 @@
-"""One learning round: snapshot -> train -> register -> gate. The only round orchestrator: the
-server's learner (in its own process, `python -m reef.learn.round --request request.json --out
-result.json`), `reef learn --once`, `reef recipe run` and the DVC stages (each stage one step of it)
-all run these functions. What a round does is planned apart, in reef.learn.plan (a `RoundPlan`),
-which is all the server imports; this module pulls in the trainers.
+"""One learning round: snapshot -> train -> register -> gate.
+
+The only round orchestrator: the server's learner (in its own process, `python -m reef.learn.round
+--request request.json --out result.json`), `reef learn --once`, `reef recipe run` and the DVC
+stages (each stage one step of it) all run these functions. What a round does is planned apart,
+in reef.learn.plan (a `RoundPlan`), which is all the server imports; this module pulls in the trainers.
 
 Continuing from the head: a full-weight round trains the head's weights (the weights that produced
 the experience), so each release builds on the last; a LoRA round on the base model continues
