@@ -213,7 +213,7 @@ def learner_kill(engine_url: str, work: Path, clients: int, seconds: float) -> l
 
     gw = ServeProcess(work / "learner", ["--upstream-url", engine_url, "--model", str(TINY)], env={
         "REEF_SERVED_MODEL_NAME": MODEL, "REEF_STORE__FLUSH_INTERVAL_S": "0.5", "REEF_LEARNER__ENABLED": "true",
-        "REEF_LEARNER__INTERVAL_S": "1", "REEF_RELEASE__GATE_SAMPLES": "1"})
+        "REEF_LEARNER__INTERVAL_S": "1", "REEF_RELEASE__GATE__SAMPLES": "1"})
     gw.workdir.mkdir(parents=True, exist_ok=True)
     params = {"kind": "lora", "max_steps": 120, "min_score": 1.0, "learning_rate": 5e-3}
     (gw.workdir / "serve.yaml").write_text(yaml.safe_dump({

@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
-from reef.config import parse_overrides, resolve  # noqa: E402
+from reef.config import GateSettings, parse_overrides, resolve  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
@@ -213,7 +213,7 @@ def learning_round(r: int, scenario: str, data_dir: Path, work: Path, base: Path
 
 def evaluate(candidate: Path, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
     """The gate's comparison with the base model (transformers; the scenario's eval settings)."""
-    return gate_metrics(candidate, TINY, scenario, {"samples": args.eval_samples}, candidate / "eval.json")
+    return gate_metrics(candidate, TINY, scenario, GateSettings(samples=args.eval_samples), candidate / "eval.json")
 
 
 def run_grpo(samples: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
+from reef.config import GateSettings  # noqa: E402
 from reef.demo import task as demo  # noqa: E402
 from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         cand = recipe.run(snap, out_root=work / "cands", progress=False, consume=False)
         train_s = time.perf_counter() - t0
-        gate = gate_metrics(cand.path, TINY, demo.SCENARIO, {"samples": args.eval_samples}, cand.path / "eval.json")
+        gate = gate_metrics(cand.path, TINY, demo.SCENARIO, GateSettings(samples=args.eval_samples),
+                            cand.path / "eval.json")
         if not results:
             results.append({"variant": "base model", "held_out": gate["head_success"]})
         m = cand.metrics

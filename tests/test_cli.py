@@ -109,7 +109,7 @@ def test_serve_yaml_recipes_layout(tmp_path: Path) -> None:
     """`reef serve -c` takes the seed's `recipes:` block; each scenario's round plan comes from it, a
     module next to serve.yaml is a valid recipe reference, and `--print-config` shows the recipes."""
     from reef.config import resolve
-    from reef.learn.round import min_records, plan_for_scenario
+    from reef.learn.plan import min_records, plan_for_scenario
 
     (tmp_path / "my_recipes.py").write_text("# a user's recipe module next to serve.yaml\n")
     path = tmp_path / "serve.yaml"

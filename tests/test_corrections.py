@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from reef.experience import load
-from reef.learn.round import signal
+from reef.learn.pending import signal
 from reef.recipe import Snapshot, load_recipe
 from reef.recipe.snapshot import select
 from reef.recipe.tokens import with_corrections

@@ -83,7 +83,7 @@ def make_project(root: Path, scenarios: dict[str, Any] | None = None, serve_yaml
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["demo_traffic"].update(prompts=16, samples=4)
     params["train"].update(max_steps=4, per_device_batch_size=8)
-    params["evaluate"].update(samples=1)
+    params["gate"].update(samples=1)
     if scenarios is not None:
         params["scenarios"] = scenarios
         params["source"]["data_dir"] = "data/live"

@@ -98,7 +98,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_mined_round_proposes_gates_and_selects_a_rule(offline: Path) -> None:
-    out = run_round(plan(offline), evaluate=False, progress=False)
+    out = run_round(plan(offline), evaluate=False, progress=False).model_dump(mode="json")
     assert out["status"] == "trained", out
     folder = Path(out["candidate"]["path"])
     meta = json.loads((folder / "candidate.json").read_text())
@@ -117,7 +117,7 @@ def test_mined_round_proposes_gates_and_selects_a_rule(offline: Path) -> None:
     assert result.backend == "transformers" and result.probe is None
     assert result.ci_low is not None and result.ci_low > 0.2  # the same weights, clearly better prompts
     # Every record was consumed: the next round has nothing new.
-    assert run_round(plan(offline), evaluate=False, progress=False)["status"] == "nothing_new"
+    assert run_round(plan(offline), evaluate=False, progress=False).status == "nothing_new"
 
 
 class Teacher(BaseHTTPRequestHandler):
@@ -195,7 +195,8 @@ def test_evolve_gate_and_release_a_harness_on_the_engine(vllm_url: str, tmp_path
         data = tmp_path / "data"
         wait_for(lambda: load(S, data).collect()["score"].is_not_null().sum() >= 48)  # flushed into shards
         engine = EngineEndpoint(vllm_url, MODEL_NAME)
-        out = run_round(plan(data), GateSettings(samples=2), engine=engine, progress=False)
+        out = run_round(plan(data), GateSettings(samples=2), engine=engine,
+                        progress=False).model_dump(mode="json")
         assert out["status"] == "trained" and out["gate"]["decision"] == "select", out
         assert out["gate"]["backend"] == "engine" and out["gate"]["ci_low"] > 0.2, out["gate"]
         r0 = api.releases(S)["releases"][0]

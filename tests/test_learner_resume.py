@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from reef.learn.round import RoundPlan, pending
+from reef.config import GateSettings
+from reef.learn.pending import pending
+from reef.learn.plan import RoundPlan, RoundRequest
 from reef.learn.round_log import RoundLog
 from reef.recipe import Snapshot, ledger
 from reef.registry.candidates import CandidateRegistry
@@ -22,9 +24,9 @@ from reef.traffic.offline import record_offline_traffic
 S = "demo-add"
 
 
-def _round(plan_file: Path, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "reef.learn.round", "--plan", str(plan_file), "--out", str(out),
-                             "--gate-samples", "1"], env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+def _round(request_file: Path, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "reef.learn.round", "--request", str(request_file), "--out",
+                             str(out)], env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -42,8 +44,8 @@ def test_a_round_killed_mid_round_resumes_with_nothing_trained_twice_or_lost(tin
                      ledger_root=data / "ledger", snapshot_dir=data / "snapshots" / S,
                      candidate_dir=data / "candidates" / S,
                      params={"kind": "lora", "max_steps": 30, "min_score": 1.0, "per_device_batch_size": 4})
-    plan_file, out = tmp_path / "plan.json", tmp_path / "round.json"
-    plan_file.write_text(plan.model_dump_json())
+    plan_file, out = tmp_path / "request.json", tmp_path / "round.json"
+    plan_file.write_text(RoundRequest(plan=plan, gate=GateSettings(samples=1)).model_dump_json())
     eligible = pending(plan)["records"]
     assert eligible >= 8, "too few rewarded records to mean anything"
     log = RoundLog.for_data_dir(data, S)

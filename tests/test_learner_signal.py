@@ -15,7 +15,8 @@ import pytest
 from reef.config import ServeConfig
 from reef.experience.store import ExperienceStore
 from reef.learn.learner import Learner
-from reef.learn.round import Thresholds, run_round, thresholds
+from reef.learn.plan import Thresholds, thresholds
+from reef.learn.round import run_round
 from tests.helpers.records import MANUAL, make_record, make_report
 
 pytestmark = pytest.mark.model_free
@@ -77,7 +78,7 @@ def test_no_round_below_the_thresholds_and_status_names_the_reason(tmp_path: Pat
     assert mine["pending"]["unreported"] == 1 and mine["round"] is None and mine["rounds"] == 0
 
     # The round itself refuses too (what the learner's round process runs): it begins nothing.
-    result = run_round(state.plan)
+    result = run_round(state.plan).model_dump(mode="json")
     assert (result["status"], result["reason"]) == ("waiting", reason)
     assert state.log.rounds() == [] and not (data / "snapshots").exists()
 

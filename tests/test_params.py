@@ -14,7 +14,7 @@ import yaml
 
 from reef.config import ParamsError, PipelineParams, ServeConfig
 from reef.learn import pipeline
-from reef.learn.round import RoundPlan, plan_for_scenario
+from reef.learn.plan import RoundPlan, plan_for_scenario
 
 pytestmark = pytest.mark.model_free
 

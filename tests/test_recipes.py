@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from recipes.online_rl.recipe import rl_examples
+from reef.config import GateSettings
 from reef.core.paths import CANDIDATE_FILE
 from reef.learn.pipeline import gate_metrics
 from reef.recipe import EmptySnapshotError, ExperienceSpec, Snapshot, load_recipe, resolve
@@ -172,8 +173,8 @@ def test_online_rl_end_to_end(kind: str, tiny: Path, store: Path, tmp_path: Path
 
 def test_the_gate_on_folders_is_paired_and_written_as_metrics(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "metrics.json"
-    m = gate_metrics(tiny, tiny, SCENARIO, {"samples": 1, "seed": 3}, out)
+    m = gate_metrics(tiny, tiny, SCENARIO, GateSettings(samples=1, seed=3), out)
     assert m["candidate_success"] == m["head_success"] and m["delta"] == 0.0 and m["decision"] == "reject"
     assert m["ties"] == m["prompts"] == 80 and m["unscored"] == 0 and json.loads(out.read_text()) == m
     with pytest.raises(ValueError, match="temperature"):
-        gate_metrics(tiny, tiny, SCENARIO, {"temperature": 0.5}, out)  # the scenario's eval section says that
+        gate_metrics(tiny, tiny, SCENARIO, GateSettings(temperature=0.5), out)  # the scenario's eval section says that

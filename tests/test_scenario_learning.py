@@ -144,7 +144,7 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     recorder.stop()
 
     # Settings serve.yaml leaves out come from the environment (REEF_*).
-    gw: Gateway = make_gateway("byo", extra_args=["--model", str(TINY)], env={"REEF_RELEASE__GATE_SAMPLES": "2"})
+    gw: Gateway = make_gateway("byo", extra_args=["--model", str(TINY)], env={"REEF_RELEASE__GATE__SAMPLES": "2"})
     _serve_yaml(gw.workdir, learner=True)
     gw.start()
     learner = _learner(gw)
@@ -174,7 +174,7 @@ def test_two_user_scenarios_learn_in_one_server(make_gateway, monkeypatch: pytes
     assert after != before, "the released adapter changes what support's users are served"
     assert _greedy(gw, "triage") == before, "triage still serves its base model"
 
-    # The gate called the user's rewards: both arms, every eval task, gate_samples replies each.
+    # The gate called the user's rewards: both arms, every eval task, release.gate.samples replies each.
     calls = [json.loads(line) for line in (gw.workdir / "reward-calls.jsonl").read_text().splitlines()]
     assert sum(c["replies"] for c in calls if c["reward"] == "exact") >= 2 * EVAL_TASKS * 2
     assert sum(c["replies"] for c in calls if c["reward"] == "batch") >= 2 * EVAL_TASKS * 2

@@ -1,12 +1,13 @@
 """Reef's config language: one pydantic schema for `serve.yaml` (reef.config.serve) and `params.yaml`
-(reef.config.params), both strict, so an unknown key is an error naming it."""
+(reef.config.params), both strict, so an unknown key is an error naming it; the gate's settings
+(reef.config.gate) are one model in both."""
 
+from reef.config.gate import GateSettings
 from reef.config.params import (
     BaseModelParams,
     DemoTrafficParams,
     EvaluateParams,
     ExperienceParams,
-    GateSettings,
     ParamsError,
     PipelineParams,
     SourceParams,

@@ -4,7 +4,7 @@
 DVC reads the same file as plain YAML and tracks its keys by dotted path (`train.max_steps`), so the
 keys stay flat: `train:` is a recipe setting written out (`recipe`, `experience:` and the recipe
 config's own fields side by side), and `recipe_spec()` turns it into serve.yaml's `RecipeSpec`, which
-the round planner (reef.learn.round) plans from for the pipeline and the learner alike. Every section
+the round planner (reef.learn.plan) plans from for the pipeline and the learner alike. Every section
 is strict; the recipe's own fields depend on which recipe is named, so the pipeline checks those
 against the recipe's config class when it plans (`origin()` says where a key was written).
 """
@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from reef.config.gate import GateSettings, move_keys
 from reef.config.serve import DEFAULT_TINY_MODEL, ConfigError, _Strict
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.scenario.schema import RecipeSpec, StalePolicy
@@ -99,32 +100,14 @@ class TrainParams(_Strict):
             raise ParamsError(f"{name}: train.{'; '.join(_problem(err) for err in exc.errors())}") from exc
 
 
-class GateSettings(_Strict):
-    """The gate's settings (reef.gate.evaluate.GateConfig); replies are sampled as the scenario's eval declares."""
-
-    samples: int | None = Field(default=None, ge=1, description="replies per task and arm; unset: eval.samples")
-    seed: int = Field(default=0, description="of the bootstrap resampling")
-    confidence: float = Field(default=0.95, gt=0, lt=1)
-    min_delta: float = Field(default=0.0, description="select iff the interval's lower bound is above this")
-    bootstrap: int = Field(default=2000, ge=1)
-    probe_tokens: int = Field(default=8, ge=1)
-    concurrency: int = Field(default=64, ge=1, description="engine requests in flight")
-    fault_retries: int = Field(default=2, ge=0, description="retries of an engine request after an infrastructure "
-                               "fault (timeout, lost connection, 5xx); a task still failing is void, never scored 0")
-    fault_backoff_s: float = Field(default=1.0, ge=0, description="before the first retry; doubled for each next")
-    min_valid_pairs: int = Field(default=16, ge=1, description="tasks the engine must answer in both arms (at most "
-                                 "the suite's size); fewer: the decision is void, not reject")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="past it, an engine request has faulted")
-
-    def gate_fields(self) -> dict[str, Any]:
-        """The fields set here; the gate's own defaults hold for the rest."""
-        return self.model_dump(exclude_unset=True, include=set(GateSettings.model_fields))
-
-
-class EvaluateParams(GateSettings):
-    """`evaluate:`: the gate's settings, and what the candidate is compared with."""
+class EvaluateParams(_Strict):
+    """`evaluate:`: what the evaluate stage compares each candidate with (the gate's settings are `gate:`)."""
 
     baseline: str | None = Field(default=None, description="a model folder; unset: base_model.path")
+
+
+# params.yaml's gate keys under `evaluate:`, before `gate:`: each moves to the same field of `gate:`.
+_EVALUATE_GATE_KEYS = {name: name for name in GateSettings.model_fields}
 
 
 class PipelineParams(_Strict):
@@ -136,6 +119,8 @@ class PipelineParams(_Strict):
     train: TrainParams = Field(default_factory=TrainParams)
     scenarios: dict[str, TrainParams] = Field(default_factory=dict, description="the scenarios the pipeline "
                                               "learns for, each with its own keys over `train`")
+    gate: GateSettings = Field(default_factory=GateSettings, description="the gate's settings (serve.yaml's "
+                               "release.gate, the same type)")
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     _name: str = PrivateAttr(default=str(DEFAULT_PARAMS))  # the file, as messages name it
 
@@ -145,6 +130,11 @@ class PipelineParams(_Strict):
         if isinstance(data, dict) and "scenario" in data:
             raise ValueError(f"`scenario: {data['scenario']}` is now `scenarios: {{{data['scenario']}: {{}}}}` "
                              "(one entry per scenario the pipeline learns for)")
+        evaluate = data.get("evaluate") if isinstance(data, dict) else None
+        if isinstance(evaluate, dict) and any(key in evaluate for key in _EVALUATE_GATE_KEYS):
+            evaluate = dict(evaluate)
+            gate = move_keys(evaluate, data.get("gate"), _EVALUATE_GATE_KEYS, "evaluate.", "gate.")
+            data = {**data, "evaluate": evaluate, "gate": gate}
         return data
 
     @field_validator("train", mode="before")

@@ -16,12 +16,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from reef.config.gate import GateSettings, move_keys
 from reef.core.paths import DEFAULT_DATA_DIR
 from reef.scenario.schema import Policy, RecipeSpec, Scenario
 
 DEFAULT_CONFIG_FILE = Path("serve.yaml")
-# The config file a process resolves when none is given (before ./serve.yaml): the learner sets it
-# for its round processes, so they see the scenarios of the server's `-c FILE`.
+# The config file a process resolves when none is given (before ./serve.yaml): a round process sets
+# it from its request (reef.learn.round), so it sees the scenarios of the server's `-c FILE`.
 CONFIG_FILE_ENV = "REEF_CONFIG"
 ENV_PREFIX = "REEF_"
 DEFAULT_TINY_MODEL = Path("data/models/tiny")
@@ -142,6 +143,13 @@ class ApiKey(_Strict):
 ScenarioConfig = Scenario
 
 
+# serve.yaml's flat gate keys before `release.gate:`, and the GateSettings field each is now.
+_FLAT_GATE_KEYS = {f"gate_{name}": name for name in ("samples", "confidence", "min_delta", "fault_retries",
+                                                      "min_valid_pairs")}
+
+_MOVED = {f"release.{old}": f"release.gate.{new}" for old, new in _FLAT_GATE_KEYS.items()}
+
+
 class ReleaseConfig(_Strict):
     """The evaluation gate and hot-swap, for every scenario unless `scenarios.<name>` says otherwise."""
 
@@ -152,15 +160,16 @@ class ReleaseConfig(_Strict):
         "only succeed (request: for engines whose numerics differ from transformers')",
     )
     keep_adapters: int = Field(default=3, ge=2, description="LoRA adapters kept loaded (head, previous, ...)")
-    gate_samples: int | None = Field(default=None, ge=1, description="replies per eval task and arm in the learner's "
-                                     "gate; unset: each scenario's eval.samples")
-    gate_confidence: float = Field(default=0.95, gt=0, lt=1)
-    gate_min_delta: float = Field(default=0.0, description="select iff the CI's lower bound is above this")
-    gate_fault_retries: int = Field(default=2, ge=0, description="further tries of a gate request after an engine "
-                                    "fault (timeout, 5xx); past them the pair is void, never scored")
-    gate_min_valid_pairs: int = Field(default=16, ge=1, description="pairs both arms must get answered (at most the "
-                                      "suite's size); fewer: the gate is void, the candidate neither selected nor "
-                                      "rejected")
+    gate: GateSettings = Field(default_factory=GateSettings, description="the learner's gate (reef.config.gate)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_gate_keys(cls, data: Any) -> Any:
+        """`gate_samples: 4` (the flat keys before `gate:`) is `gate: {samples: 4}`, for one release more."""
+        if isinstance(data, dict) and any(key in data for key in _FLAT_GATE_KEYS):
+            data = dict(data)
+            data["gate"] = move_keys(data, data.get("gate"), _FLAT_GATE_KEYS, "release.", "release.gate.")
+        return data
 
 
 class ServeConfig(_Strict):
@@ -286,7 +295,7 @@ def resolve(
     for source, values in layers:
         for dotted, value in values.items():
             _set(merged, dotted, value)
-            sources[dotted] = source
+            sources[_MOVED.get(dotted, dotted)] = source
     try:
         config = ServeConfig.model_validate(merged)
     except ValidationError as exc:

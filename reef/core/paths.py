@@ -38,7 +38,7 @@ class DataDir:
         return self._per_scenario("releases", scenario)
 
     def learner(self, scenario: str | None = None) -> Path:
-        """The learner's rounds: `learner/rounds.jsonl`, `learner/<scenario>/` (round events, plan, log)."""
+        """The learner's rounds: `learner/rounds.jsonl`, `learner/<scenario>/` (round events, request, result, log)."""
         return self._per_scenario("learner", scenario)
 
     def snapshots(self, scenario: str | None = None) -> Path:

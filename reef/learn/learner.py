@@ -1,12 +1,12 @@
 """The learner inside `reef serve`: learning rounds for every scenario that declares a recipe.
 
-Each scenario has its own round plan (serve.yaml `scenarios.<s>.recipe`, see reef.learn.round), so
+Each scenario has its own round plan (serve.yaml `scenarios.<s>.recipe`, see reef.learn.plan), so
 its own snapshot, consumed ledger, candidates and release chain. Every `interval_s` the learner
 counts what waits for each scenario's recipe, and runs one round (snapshot -> train -> register ->
 gate, `python -m reef.learn.round`) for the next scenario in round-robin order whose counts reached
 its thresholds: a scenario with steady traffic cannot starve another.
 
-A round waits for enough signal, not for the first record (reef.learn.round.Thresholds): at least
+A round waits for enough signal, not for the first record (reef.learn.plan.Thresholds): at least
 `min_records` eligible new records, and of the eligible ones `min_rewarded` rewarded and
 `min_unrewarded` unrewarded (learner.min_*, or the recipe setting's; a count the recipe does not
 learn from is not waited for). Until then the scenario's `waiting` (in `GET /reef/status`) says why,
@@ -20,7 +20,9 @@ waits for a round, and another scenario's releases (API, dashboard, canary) go o
 
 A candidate the gate selects is released at once when its scenario's policy is `auto` (through the
 same publisher as the API, expecting the head the gate compared against); under `approval` it
-waits in `GET /reef/candidates`. Each round is appended to `<data_dir>/learner/rounds.jsonl`.
+waits in `GET /reef/candidates`. The round process gets one `RoundRequest` (the plan, serve.yaml's
+`release.gate`, the engine, the config file) and answers one `RoundResult` (reef.learn.plan), which
+is appended to `<data_dir>/learner/rounds.jsonl`.
 
 Each round is also a persisted state machine (reef.learn.round_log). A learner killed mid-round
 (`kill -9` of `reef serve`; the round's process dies with it) finds the round open on its next
@@ -43,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reef.config import CONFIG_FILE_ENV, ServeConfig
+from reef.config import ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
-from reef.learn.round import RoundPlan, Thresholds, plan_for_scenario, thresholds
+from reef.learn.pending import pending
+from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
 from reef.learn.round_log import Round, RoundLog
+from reef.sampling.engine import EngineEndpoint
 
 if TYPE_CHECKING:
     from reef.recipe.base import Recipe
@@ -92,9 +96,7 @@ class ScenarioLearner:
         return RoundLog.for_data_dir(self.plan.data_dir, self.plan.scenario)
 
     def count(self) -> None:
-        """Count what waits (reef.learn.round.pending) and whether it is enough to start a round."""
-        from reef.learn.round import pending
-
+        """Count what waits (reef.learn.pending) and whether it is enough to start a round."""
         self.pending = pending(self.plan, self.recipe)
         self.waiting = self.thresholds.shortfall(self.pending)
         if self.waiting is None and self.idle_at is not None:
@@ -239,20 +241,14 @@ class Learner:
             return
         folder = self.dir / state.plan.scenario
         folder.mkdir(parents=True, exist_ok=True)
-        plan_file, out, log_path = folder / "plan.json", folder / "round.json", folder / "rounds.log"
-        plan_file.write_text(state.plan.model_dump_json(indent=2))
+        request_file, out, log_path = folder / "request.json", folder / "round.json", folder / "rounds.log"
+        engine = EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
+        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=engine,
+                               config_file=self.config.config_file)
+        request_file.write_text(request.model_dump_json(indent=2))
         out.unlink(missing_ok=True)
-        release = self.config.release
-        cmd = [sys.executable, "-m", "reef.learn.round", "--plan", str(plan_file), "--out", str(out),
-               *(["--gate-samples", str(release.gate_samples)] if release.gate_samples else []),
-               "--gate-confidence", str(release.gate_confidence),
-               "--gate-min-delta", str(release.gate_min_delta), "--gate-fault-retries", str(release.gate_fault_retries),
-               "--gate-min-valid-pairs", str(release.gate_min_valid_pairs)]
-        if self.engine_url and self.engine_model:
-            cmd += ["--engine-url", self.engine_url, "--engine-model", self.engine_model]
+        cmd = [sys.executable, "-m", "reef.learn.round", "--request", str(request_file), "--out", str(out)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if self.config.config_file is not None:  # the gate finds the scenario's eval suite in it
-            env[CONFIG_FILE_ENV] = str(self.config.config_file)
         started = time.time()
         with log_path.open("ab") as log_file:
             # The round dies with the learner (kill -9 included): a restarted learner resumes it alone.
@@ -262,29 +258,33 @@ class Learner:
         if code != 0 or not out.is_file():
             state.last_error = f"round exited with code {code}; see {log_path}"
             return
-        result = json.loads(out.read_text())
-        if result.get("status") == "waiting":  # less signal than counted (another process took records): no round
-            state.pending, state.waiting = result.get("pending"), result.get("reason")
+        result = RoundResult.model_validate_json(out.read_text())
+        if result.status == "waiting":  # less signal than counted (another process took records): no round
+            state.pending, state.waiting = result.pending, result.reason
             return
-        state.last_error = result.get("reason") if result.get("status") == "busy" else None
-        if result.get("status") == "nothing_new":
+        state.last_error = result.reason if result.status == "busy" else None
+        if result.status == "nothing_new":
             state.idle_at = eligible(state.pending or {})
-        if result.get("status") == "trained" and result.get("candidate_id"):
-            result["release"] = self._maybe_release(state, result["candidate_id"])
+        release = None
+        if result.status == "trained" and result.candidate_id:
+            release = self._maybe_release(state, result.candidate_id)
             if rnd := state.log.open_round():
-                self._close_gated(state, rnd, result["release"])
-                result["round_state"] = rnd.state
-        entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": round(time.time() - started, 1),
-                 **result}
+                self._close_gated(state, rnd, release)
+                result = result.model_copy(update={"round_state": rnd.state})
+        seconds = round(time.time() - started, 1)
+        entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": seconds,
+                 **result.model_dump(mode="json"), "release": release}
         with self.rounds_file.open("a") as f:
-            f.write(json.dumps(entry, default=str) + "\n")
+            f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
         state.rounds += 1
-        last = {k: entry.get(k) for k in ("scenario", "status", "seconds", "metrics", "candidate_id", "release")}
-        last["candidate"] = (entry.get("candidate") or {}).get("id")
-        gate = entry.get("gate") or {}
-        last["gate"] = {k: gate.get(k) for k in ("decision", "reason", "candidate_success", "head_success")}
+        gate = result.gate
+        last = {"scenario": result.scenario, "status": result.status, "seconds": seconds, "metrics": result.metrics,
+                "candidate_id": result.candidate_id, "release": release,
+                "candidate": result.candidate.id if result.candidate else None,
+                "gate": {k: getattr(gate, k) if gate else None
+                         for k in ("decision", "reason", "candidate_success", "head_success")}}
         state.last = self.last = last
         log.info("learning round of %s: %s", state.plan.scenario, last)
 

@@ -11,7 +11,7 @@ Each stage writes one fixed folder DVC tracks (DVC content-addresses it; the con
 are inside): `data/snapshots/<scenario>/`, `data/candidates/<scenario>/`, `data/metrics/<scenario>.json`.
 
 params.yaml is read by reef.config.params (strict: an unknown key exits 2 naming it), and each
-round is planned by reef.learn.round's planner from its `train` setting, as the server's learner
+round is planned by reef.learn.plan from its `train` setting, as the server's learner
 plans from serve.yaml's. The steps themselves are reef.learn.round's, the one round orchestrator: a
 stage is one step of a round. The pipeline trains from `base_model.path`, its declared dependency, never from a release
 head DVC cannot see (`continue_from_head` is off; the server's learner continues from the head).
@@ -28,12 +28,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from reef.config import ParamsError, PipelineParams, TrainParams
+from reef.config import GateSettings, ParamsError, PipelineParams, TrainParams
 from reef.config.params import DEFAULT_PARAMS
 from reef.core.durable import replace_atomically
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
+from reef.gate.evaluate import gate_folders
 from reef.learn import round as rounds
-from reef.learn.round import RoundPlan
+from reef.learn.pending import pending, selection
+from reef.learn.plan import RoundPlan, plan_round
 from reef.recipe.loading import resolve
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.registry.schema import Candidate
@@ -45,7 +47,7 @@ RELEASE_DIR = DataDir(DEFAULT_DATA_DIR)  # where the pipeline's candidates are r
 def plan(params: PipelineParams, scenario: str, spec: RecipeSpec | None = None, *, fixed: bool = True) -> RoundPlan:
     """The scenario's round, by the learner's planner: fixed folders (the DVC stages'), or content-hashed
     ones (`reef recipe run`); from `base_model.path`, never from a head DVC cannot see."""
-    return rounds.plan_round(scenario, spec or params.recipe_spec(scenario), base_model=params.base_model.path,
+    return plan_round(scenario, spec or params.recipe_spec(scenario), base_model=params.base_model.path,
                              data_dir=RELEASE_DIR.root, experience_dir=params.source.data_dir,
                              ledger_root=params.source.ledger_root, fixed=fixed, continue_from_head=False)
 
@@ -73,18 +75,11 @@ def stage_train(params: PipelineParams, scenario: str, progress: bool = True) ->
     return rounds.train(checked(params, scenario), progress=progress)
 
 
-def gate_metrics(candidate: Path | str, baseline: Path | str, scenario: str, evaluate: dict[str, Any],
+def gate_metrics(candidate: Path | str, baseline: Path | str, scenario: str, settings: GateSettings,
                  out: Path, progress: bool = False) -> dict[str, Any]:
-    """The gate's comparison of a candidate folder with `baseline`, written to `out` as metrics JSON.
-    `evaluate` (params.yaml's section) holds GateSettings fields: samples, seed, confidence, min_delta."""
-    from reef.config import GateSettings
-    from reef.gate.evaluate import gate_folders
-
-    known = set(GateSettings.model_fields)
-    if unknown := sorted(set(evaluate) - known):
-        raise ValueError(f"evaluate: unknown key(s) {unknown}; the gate takes {sorted(known)} (sampling settings "
-                         "are the scenario's eval: max_new_tokens, samples, temperature, seed)")
-    result = gate_folders(candidate, baseline, scenario, GateSettings(**evaluate), progress=progress)
+    """The gate's comparison of a candidate folder with `baseline`, written to `out` as metrics JSON;
+    `settings`: params.yaml's `gate:` (how replies are sampled is the scenario's eval section)."""
+    result = gate_folders(candidate, baseline, scenario, settings, progress=progress)
     metrics = {"scenario": scenario, "baseline": str(baseline), **result.summary()}
     out.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(out, (json.dumps(metrics, indent=2) + "\n").encode())
@@ -95,7 +90,7 @@ def stage_evaluate(params: PipelineParams, scenario: str) -> dict[str, Any]:
     candidate_dir = plan(params, scenario).candidate_dir
     assert candidate_dir is not None
     baseline = params.evaluate.baseline or params.base_model.path
-    return gate_metrics(candidate_dir, baseline, scenario, params.evaluate.gate_fields(), metrics_file(scenario))
+    return gate_metrics(candidate_dir, baseline, scenario, params.gate, metrics_file(scenario))
 
 
 def _dvc(*args: str) -> None:
@@ -122,7 +117,7 @@ def learn_once(params_path: Path | str = DEFAULT_PARAMS, scenario: str | None = 
     if use_dvc:
         _dvc("repro", f"snapshot@{name}")  # upstream stages, and the snapshot when its inputs changed
     recipe = round_plan.load_recipe()
-    records, counts, digest = rounds.selection(round_plan, recipe)
+    records, counts, digest = selection(round_plan, recipe)
     waiting = {"records": records, **counts}
     if records == 0 and recipe.needs_experience:
         return {"status": "nothing_new", "scenario": name, "pending": waiting}
@@ -160,12 +155,12 @@ def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overr
         spec = TrainParams.model_validate({"recipe": name, **overrides}).recipe_spec(params.name)
     round_plan = checked(params, scenario, spec, fixed=False, overrides=overrides)
     out = rounds.run_round(round_plan, evaluate=False, progress=progress)
-    if evaluate and out["status"] == "trained":
+    if evaluate and out.status == "trained" and out.candidate is not None:
         baseline = params.evaluate.baseline or round_plan.base_model
-        path = Path(out["candidate"]["path"])
-        out["metrics"] = gate_metrics(path, baseline, scenario, params.evaluate.gate_fields(), path / "eval.json",
-                                      progress=progress)
-    return out
+        path = out.candidate.path
+        metrics = gate_metrics(path, baseline, scenario, params.gate, path / "eval.json", progress=progress)
+        out = out.model_copy(update={"metrics": metrics})
+    return out.model_dump(mode="json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "evaluate":
             result = stage_evaluate(params, name)
         elif args.stage == "pending":
-            result = rounds.pending(checked(params, name))
+            result = pending(checked(params, name))
         else:
             result = learn_once(args.params, name, progress=not args.quiet)
     except EmptySnapshotError as exc:

@@ -96,7 +96,7 @@ class Recipe(ABC):
     stale_policies: ClassVar[tuple[str, ...]] = ("drop", "downweight")
     # False: the recipe generates its own samples and takes no recorded traffic.
     needs_experience: ClassVar[bool] = True
-    # What a learner round waits for (reef.learn.round.thresholds): eligible "records", "rewarded"
+    # What a learner round waits for (reef.learn.plan.thresholds): eligible "records", "rewarded"
     # and "unrewarded" ones (see success_threshold), each up to learner.min_<count> or the recipe
     # setting's. A count left out is not waited for unless the recipe setting names it.
     waits_for: ClassVar[frozenset[str]] = frozenset({"records", "rewarded", "unrewarded"})
