@@ -111,8 +111,10 @@ def test_a_reply_the_reward_cannot_score_is_counted_not_scored_zero(
         cands: dict[str, Candidate], engine: EngineEndpoint, tmp_path: Path) -> None:
     rows = [demo.as_row(t) | {"unscorable": i % 3 == 0} for i, t in enumerate(demo.eval_tasks()[:12])]
     suite = small_suite(tmp_path, rows)
+    # 8 of the 12 tasks are scored in both arms: the minimum of valid pairs counts scored pairs, so
+    # it is set to what is judged here (the default, capped at 12, would void the gate).
     result = gate_weights(Weights(TINY, cands["trained"].path), Weights(TINY, served=MODEL_NAME), suite,
-                          GateSettings(), engine=engine, progress=False)
+                          GateSettings(min_valid_pairs=8), engine=engine, progress=False)
     skipped = sum(r["unscorable"] for r in rows)
     assert result.backend == "engine"
     assert result.unscored == skipped * 2 * 2  # samples x arms

@@ -19,8 +19,9 @@ log = logging.getLogger("reef.config")
 
 
 class GateSettings(BaseModel):
-    """How the gate compares a candidate with the head: replies per task, the bootstrap interval and
-    the bar it must clear, and how it treats the engine's faults."""
+    """How the gate compares a candidate with the head: replies per task, the two statistics a
+    selection needs (the bootstrap interval above `min_delta`, the exact sign test below
+    1 - `confidence`), and how it treats the engine's faults and replies the reward cannot score."""
 
     model_config = ConfigDict(extra="forbid")  # an unknown key is an error naming it, as everywhere in the config
 
@@ -28,15 +29,20 @@ class GateSettings(BaseModel):
                                 "eval.samples (1 when its eval is greedy, temperature 0)")
     seed: int = Field(default=0, description="of the bootstrap resampling (the replies' seeds are eval.seed)")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="of the bootstrap interval of the difference")
-    min_delta: float = Field(default=0.0, description="select iff the interval's lower bound is above this")
+    min_delta: float = Field(default=0.0, description="the interval's lower bound must lie above this to select")
+    sign_test: bool = Field(default=True, description="selecting also needs the two-sided exact sign test over "
+                            "the tasks that differ below 1 - confidence, with more candidate wins than head wins "
+                            "(it needs 6 such tasks at 95 %: 5 of 5 is p = 0.0625); false: the interval alone "
+                            "decides, for suites too small for the test (the sign test is still reported)")
     bootstrap: int = Field(default=2000, ge=1, description="bootstrap resamples")
     probe_tokens: int = Field(default=8, ge=1, description="greedy tokens of the canary probe")
     concurrency: int = Field(default=64, ge=1, description="engine requests in flight")
     fault_retries: int = Field(default=2, ge=0, description="retries of an engine request after an infrastructure "
                                "fault (timeout, lost connection, 5xx); a task still failing is void, never scored 0")
     fault_backoff_s: float = Field(default=1.0, ge=0, description="before the first retry; doubled for each next")
-    min_valid_pairs: int = Field(default=16, ge=1, description="tasks the engine must answer in both arms (at most "
-                                 "the suite's size); fewer: the decision is void, not reject")
+    min_valid_pairs: int = Field(default=16, ge=1, description="tasks with a scored reply in both arms (at most the "
+                                 "suite's size): a task the engine faulted on, or whose replies the reward could not "
+                                 "score in an arm, is not one; fewer: the decision is void, not reject")
     request_timeout_s: float = Field(default=600.0, gt=0, description="past it, an engine request has faulted")
 
 

@@ -101,6 +101,9 @@ class LearnerConfig(_Strict):
                               "unless the recipe sets min_rewarded")
     min_unrewarded: int = Field(default=4, ge=0, description="records reported with a reward of 0 (or below the "
                                 "recipe's min_score / failure_below), unless the recipe sets min_unrewarded")
+    gate_retries: int = Field(default=2, ge=0, description="times a candidate whose gate was void (engine faults, "
+                              "too few scored pairs: no judgement) is gated again, one try per interval before any "
+                              "new round of its scenario; then it stays void until someone runs `reef gate`")
 
     @model_validator(mode="before")
     @classmethod

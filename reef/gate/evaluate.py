@@ -2,17 +2,21 @@
 and its decision. The arms are resolved by reef.gate.arms, sampled by reef.gate.sample and scored
 by the suite's reward (reef.gate.scoring); here they are paired and judged.
 
-A task's success is the mean reward of its scored replies. The per-task differences are resampled
-(tasks with replacement) into a bootstrap confidence interval of the mean difference, and the
-candidate is selected only when the whole interval lies above `min_delta`: "better, and not by
-luck". A paired exact sign test over the tasks where the arms differ is reported beside it
-(`sign_p`). A reply the reward could not score is left out and counted (`unscored`); a task with
-no scored reply in either arm is left out of the pairing.
+A task's success is the mean reward of its scored replies. The per-task differences are judged by
+two statistics (reef.gate.stats), and the candidate is selected only when both agree: the bootstrap
+confidence interval of the mean difference (tasks resampled with replacement) lies above
+`min_delta` ("better, by at least this"), and the paired exact sign test over the tasks where the
+arms differ is below 1 - `confidence` with more candidate wins ("not by luck": a few large wins
+among ties can lift an interval above 0, 5 wins of 5 cannot pass the test). `sign_test: false`
+leaves the interval alone to decide. A reply the reward could not score is left out and counted
+(`unscored`); a task without a scored reply in both arms is left out of the pairing.
 
 An infrastructure fault is not a judgement (reef.gate.faults): a task whose requests still fault
 after their retries is void, left out of both arms and counted (`void_pairs`). With fewer than
-`min_valid_pairs` tasks answered, or when the engine fails outside any one task, the decision is
-"void": the candidate is neither selected nor rejected and may be gated again. Anything else that
+`min_valid_pairs` tasks scored in both arms (a faulted task is not, nor one whose replies the reward
+could not score in an arm), or when the engine fails outside any one task, the decision is "void":
+the candidate is neither selected nor rejected and may be gated again (the learner does, within
+`learner.gate_retries`). Anything else that
 goes wrong (no eval suite, a corrupt artifact, a candidate for another base, a request the engine
 refuses) rejects it: the gate fails closed.
 
@@ -31,7 +35,7 @@ from reef.gate.arms import HarnessArms, Weights, engine_holds_base, first_head, 
 from reef.gate.faults import GateFaultError, fault_of
 from reef.gate.sample import sample_arms
 from reef.gate.scoring import score_replies, suite_for
-from reef.gate.stats import bootstrap_ci, sign_test
+from reef.gate.stats import Verdict, judge
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.candidates import (
     TRANSITIONS,
@@ -81,39 +85,49 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     ) for i in range(len(suite.tasks))]
     common = {"head_release_id": head_release_id, "samples_per_prompt": samples, "backend": run.backend,
               "void_pairs": len(run.faults), "fault_retries": run.retries, "per_prompt": outcomes}
-    valid, needed = len(outcomes) - len(run.faults), min(config.min_valid_pairs, len(outcomes))
-    if valid < needed:
-        return GateResult(decision="void", reason=f"gate void: {valid} of {len(outcomes)} pairs valid, "
-                          f"{needed} needed ({_faults(run.faults)}){note}",
-                          seconds=round(time.monotonic() - started, 2), **common)
     unscored = sum(o.unscored for o in outcomes)
+    # A pair counts once both arms have a scored reply: a faulted task has none, and neither has a
+    # task whose replies the reward could not score in one arm.
     paired = [o for o in outcomes if o.candidate_score is not None and o.head_score is not None]
-    if not paired:
-        raise ValueError(f"the reward scored no task in both arms ({unscored} replies unscored)")
-    diffs = [o.candidate_score - o.head_score for o in paired]  # type: ignore[operator]
-    low, high = bootstrap_ci(diffs, config.confidence, config.bootstrap, config.seed)
-    n = len(diffs)
-    delta = sum(diffs) / n
-    selected = low > config.min_delta
-    wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    sign_p = sign_test(wins, losses)
+    answered, valid = len(outcomes) - len(run.faults), len(paired)
+    needed = min(config.min_valid_pairs, len(outcomes))
+    if valid < needed:
+        left = (f"; {answered - valid} answered tasks unscored in an arm ({unscored} replies unscored)"
+                if answered > valid else "")
+        return GateResult(decision="void", reason=f"gate void: {valid} of {len(outcomes)} pairs valid, "
+                          f"{needed} needed ({_faults(run.faults)}{left}){note}", unscored=unscored,
+                          seconds=round(time.monotonic() - started, 2), **common)
+    n = len(paired)
+    verdict = judge([o.candidate_score - o.head_score for o in paired], config)  # type: ignore[operator]
     cand_success = sum(o.candidate_score for o in paired) / n  # type: ignore[misc]
     head_success = sum(o.head_score for o in paired) / n  # type: ignore[misc]
-    left_out = f"; {unscored} replies unscored, {valid - n} tasks left out" if unscored else ""
+    left_out = f"; {unscored} replies unscored, {answered - n} tasks left out" if unscored else ""
     void = f"; {len(run.faults)} pairs void ({_faults(run.faults)})" if run.faults else ""
-    reason = (f"success {cand_success:.3f} vs {head_success:.3f} ({head_label}); delta {delta:+.3f}, "
-              f"{config.confidence:.0%} CI [{low:+.3f}, {high:+.3f}] "
-              f"{'lies' if selected else 'does not lie'} above {config.min_delta:+.3f}; "
-              f"sign test {wins}-{losses} p={sign_p:.3g}{left_out}{void}{note}")
+    reason = (f"success {cand_success:.3f} vs {head_success:.3f} ({head_label}); delta {verdict.delta:+.3f}, "
+              f"{config.confidence:.0%} CI [{verdict.low:+.3f}, {verdict.high:+.3f}] "
+              f"{'lies' if verdict.interval_clears else 'does not lie'} above {config.min_delta:+.3f}; "
+              f"sign test {verdict.wins}-{verdict.losses} p={verdict.sign_p:.3g}{_sign_says(verdict, config)}"
+              f"{left_out}{void}{note}")
     return GateResult(
-        decision="select" if selected else "reject", reason=reason,
+        decision="select" if verdict.selected else "reject", reason=reason,
         candidate_success=round(cand_success, 4), head_success=round(head_success, 4),
-        delta=round(delta, 4), ci_low=round(low, 4), ci_high=round(high, 4), confidence=config.confidence,
-        prompts=n, wins=wins, losses=losses, ties=n - wins - losses, unscored=unscored, sign_p=sign_p,
+        delta=round(verdict.delta, 4), ci_low=round(verdict.low, 4), ci_high=round(verdict.high, 4),
+        confidence=config.confidence, prompts=n, wins=verdict.wins, losses=verdict.losses, ties=verdict.ties,
+        unscored=unscored, sign_p=verdict.sign_p,
         probe=(Probe(messages=list(suite.prompts[0]), max_tokens=config.probe_tokens, text=run.probe)
                if config.probe_tokens else None),
         seconds=round(time.monotonic() - started, 2), **common,
     )
+
+
+def _sign_says(verdict: Verdict, config: GateSettings) -> str:
+    """Whether the sign test agrees, in words: ` below 0.05`, ` not below 0.05`, ` (off)`."""
+    if not config.sign_test:
+        return " (not required: gate.sign_test is off)"
+    alpha = f"{1.0 - config.confidence:.3g}"
+    if verdict.sign_agrees:
+        return f" below {alpha}"
+    return f" not below {alpha}" if verdict.wins > verdict.losses else " (the head won as many or more)"
 
 
 def _faults(faults: dict[int, str]) -> str:

@@ -51,6 +51,7 @@ from reef.engine.supervisor import die_with_parent
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
 from reef.learn.round_log import Round, RoundLog
+from reef.registry.candidates import CandidateRegistry
 from reef.sampling.engine import EngineEndpoint
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class ScenarioLearner:
     # already says what the failures teach): the next round waits for min_records more than that,
     # instead of asking again every interval about the same failures.
     idle_at: int | None = None
+    gate_retries: int = 2  # learner.gate_retries: how often a void gate of this scenario's candidate is run again
+    void_gate: dict[str, Any] | None = None  # the latest round's candidate whose gate was void, and what comes next
 
     @property
     def min_records(self) -> int:
@@ -109,14 +112,45 @@ class ScenarioLearner:
     def due(self) -> bool:
         """A round an earlier process left open (killed mid-round) is due whatever waits; else one
         is due when the last count reached every threshold."""
-        return self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
+        return (self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
+                or self.void_candidate() is not None)
 
     def describe(self) -> dict[str, Any]:
         current = self.log.current()
         return {"recipe": self.plan.recipe, "min_records": self.min_records,
                 "thresholds": self.thresholds.model_dump(), "waiting": None if self.running else self.waiting,
                 "running": self.running, "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
-                "last_error": self.last_error, "round": current.public() if current else None}
+                "last_error": self.last_error, "round": current.public() if current else None,
+                "void_gate": self.void_gate}
+
+    def void_candidate(self) -> str | None:
+        """The candidate of the latest round whose gate was void (engine faults, too few scored pairs:
+        no judgement), while it still is and `gate_retries` allow another gate; None otherwise.
+        The tries are the candidate's void gates in a row in its register, so they survive a restart;
+        `void_gate` (in the status) says where the candidate stands."""
+        rnd = self.log.current()
+        if rnd is None or rnd.decision != "void" or rnd.candidate_id is None:
+            self.void_gate = None
+            return None
+        cid = rnd.candidate_id
+        registry = CandidateRegistry(self.plan.data_dir, self.plan.scenario)
+        if registry.get(cid).state != "gate_void":  # judged since (a retry, `reef gate`), or rejected by a person
+            self.void_gate = None
+            return None
+        gates = [ev.data for ev in registry.events() if ev.candidate_id == cid and ev.event == "evaluated"]
+        voids = 0
+        for gate in reversed(gates):
+            if gate.get("decision") != "void":
+                break
+            voids += 1
+        retries = max(0, voids - 1)
+        left = self.gate_retries - retries
+        self.void_gate = {
+            "candidate_id": cid, "retries": retries, "gate_retries": self.gate_retries,
+            "reason": gates[-1].get("reason") if gates else None,
+            "next": (f"gated again before the next round ({left} of {self.gate_retries} retries left)" if left > 0
+                     else f"left void after {retries} retries; gate it again with `reef gate {cid[:12]}`")}
+        return cid if left > 0 else None
 
 
 def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
@@ -158,6 +192,8 @@ class Learner:
         self._process: subprocess.Popen[bytes] | None = None
         self._last_ran: str | None = None  # the round-robin cursor
         self.last: dict[str, Any] | None = None
+        for state in self.scenarios.values():
+            state.gate_retries = config.learner.gate_retries
 
     def start(self, publisher: Publisher | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.publisher, self.loop = publisher, loop
@@ -239,6 +275,8 @@ class Learner:
     def _round(self, state: ScenarioLearner) -> None:
         if self._settle(state):  # an interrupted round the gate had selected: nothing to train
             return
+        if self._retry_void(state):  # a void gate is retried before anything new is trained
+            return
         folder = self.dir / state.plan.scenario
         folder.mkdir(parents=True, exist_ok=True)
         request_file, out, log_path = folder / "request.json", folder / "round.json", folder / "rounds.log"
@@ -287,6 +325,57 @@ class Learner:
                          for k in ("decision", "reason", "candidate_success", "head_success")}}
         state.last = self.last = last
         log.info("learning round of %s: %s", state.plan.scenario, last)
+
+    def _retry_void(self, state: ScenarioLearner) -> bool:
+        """Gate again the latest round's candidate whose gate was void, within `learner.gate_retries`
+        (ScenarioLearner.void_candidate): in the round process (`RoundRequest.regate`), released under
+        policy auto when selected now, each try appended to rounds.jsonl (status `regated`) as the
+        register records its gate. True when there was one to retry."""
+        candidate_id = state.void_candidate()
+        if candidate_id is None:
+            return False
+        engine = EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
+        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=engine,
+                               config_file=self.config.config_file, regate=candidate_id)
+        started = time.time()
+        result = self._run_request(state, request, "regate")
+        if result is None:
+            return True
+        state.last_error = result.reason if result.status == "busy" else None
+        gate = result.gate
+        release = self._maybe_release(state, candidate_id) if gate is not None and gate.decision == "select" else None
+        seconds = round(time.time() - started, 1)
+        entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": seconds,
+                 **result.model_dump(mode="json"), "release": release}
+        with self.rounds_file.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        state.void_candidate()  # the status counts this try
+        state.last = self.last = {
+            "scenario": result.scenario, "status": result.status, "seconds": seconds, "candidate_id": candidate_id,
+            "release": release, "gate": {k: getattr(gate, k) if gate else None
+                                         for k in ("decision", "reason", "candidate_success", "head_success")}}
+        log.info("gate of %s's void candidate %s again: %s", state.plan.scenario, candidate_id[:12], state.last)
+        return True
+
+    def _run_request(self, state: ScenarioLearner, request: RoundRequest, name: str) -> RoundResult | None:
+        """Run `request` in a round process (its files named `name` in the scenario's learner folder);
+        its result, or None with `last_error` set when the process failed."""
+        folder = self.dir / state.plan.scenario
+        folder.mkdir(parents=True, exist_ok=True)
+        request_file, out, log_path = folder / f"{name}-request.json", folder / f"{name}.json", folder / "rounds.log"
+        request_file.write_text(request.model_dump_json(indent=2))
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "reef.learn.round", "--request", str(request_file), "--out", str(out)]
+        with log_path.open("ab") as log_file:
+            self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                             env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
+            code = self._process.wait()
+        if code != 0 or not out.is_file():
+            state.last_error = f"{name} process exited with code {code}; see {log_path}"
+            return None
+        return RoundResult.model_validate_json(out.read_text())
 
     def _settle(self, state: ScenarioLearner) -> bool:
         """Close a round an earlier learner left `gated`: find its candidate on the chain, or apply

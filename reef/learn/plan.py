@@ -12,9 +12,10 @@ ones rewarded and unrewarded records (reef.learn.pending); a plan that carries t
 checked again by the round itself, which returns `waiting` with the reason instead of starting.
 
 The two messages across the process boundary: the learner writes a `RoundRequest` (the plan, the
-gate's settings, the engine to sample through, the server's config file) as the round process's one
-input, and reads back the `RoundResult` it writes (`python -m reef.learn.round --request request.json
---out result.json`); `run_round` returns the same `RoundResult` in-process.
+gate's settings, the engine to sample through, the server's config file; or, with `regate`, only a
+candidate to gate again) as the round process's one input, and reads back the `RoundResult` it
+writes (`python -m reef.learn.round --request request.json --out result.json`); `run_round` returns
+the same `RoundResult` in-process.
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ class RoundRequest(BaseModel):
                                           "samples a LoRA candidate through it, recipes that ask a model use it")
     config_file: Path | None = Field(default=None, description="the server's serve.yaml: the gate and the recipe "
                                      "find the scenario (its eval suite, its rewards) as the server declared it")
+    regate: str | None = Field(default=None, description="a registered candidate id: no round, only this candidate "
+                               "gated again (the learner's retry of a void gate); the result's status is `regated`")
 
 
-RoundStatus = Literal["trained", "nothing_new", "waiting", "busy"]
+RoundStatus = Literal["trained", "nothing_new", "waiting", "busy", "regated"]
 
 
 class RoundResult(BaseModel):
@@ -113,7 +116,8 @@ class RoundResult(BaseModel):
 
     status: RoundStatus = Field(description="trained: a candidate was made (and gated, when the round gates); "
                                 "nothing_new: no record to learn from; waiting: less signal than the plan waits "
-                                "for; busy: another process runs this scenario's round")
+                                "for; busy: another process runs this scenario's round; regated: no round, the "
+                                "request's candidate was gated again")
     scenario: str
     reason: str | None = Field(default=None, description="why it waits, found nothing new, or was busy")
     pending: dict[str, int] | None = Field(default=None, description="what the snapshot would take, why the others "

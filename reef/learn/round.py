@@ -184,9 +184,9 @@ def _register_and_gate(plan: RoundPlan, log: RoundLog, rnd: Round, settings: Gat
     log.append(rnd, "gated", resumed=resumed, decision=result.decision, reason=result.reason)
     if result.decision == "void":
         # An engine fault is no judgement: the candidate stays registered (state gate_void) and is
-        # neither released nor rejected; gating it again (`reef gate`) judges it.
-        log.append(rnd, "done", resumed=resumed, reason=f"{result.reason}; not judged: gate candidate "
-                   f"{rnd.candidate_id} again with `reef gate`")
+        # neither released nor rejected; gating it again (the learner, `reef gate`) judges it.
+        log.append(rnd, "done", resumed=resumed, reason=f"{result.reason}; not judged: the learner gates candidate "
+                   f"{rnd.candidate_id} again (learner.gate_retries), or `reef gate` it")
     elif result.decision != "select":
         log.append(rnd, "rejected", resumed=resumed, reason=result.reason)
     return rnd.candidate_id, result.model_copy(update={"per_prompt": None})
@@ -227,11 +227,25 @@ def _failing(log: RoundLog, rnd: Round) -> Iterator[None]:
         raise
 
 
+def regate(plan: RoundPlan, candidate_id: str, settings: GateSettings | None = None, *,
+           engine: EngineEndpoint | None = None, progress: bool = True) -> RoundResult:
+    """Gate a registered candidate again (the learner's retry of a void gate): no snapshot, no
+    training; the candidate register records the result like any gate's. It holds the scenario's
+    round lock, so it never gates beside a round of the same scenario."""
+    with RoundLog.for_data_dir(plan.data_dir, plan.scenario).lock():
+        result = evaluate_candidate(plan.data_dir, candidate_id, settings, progress=progress, engine=engine)
+    return RoundResult(status="regated", scenario=plan.scenario, candidate_id=candidate_id,
+                       gate=result.model_copy(update={"per_prompt": None}))
+
+
 def run_request(request: RoundRequest) -> RoundResult:
     """The round a `RoundRequest` asks for, as the round process runs it: gated, quietly; a round
-    another process runs, or a snapshot with nothing to learn from, is a result, not an error."""
+    another process runs, or a snapshot with nothing to learn from, is a result, not an error.
+    With `regate`, only that candidate's gate again."""
     scenario = request.plan.scenario
     try:
+        if request.regate is not None:
+            return regate(request.plan, request.regate, request.gate, engine=request.engine, progress=False)
         return run_round(request.plan, request.gate, engine=request.engine, progress=False)
     except EmptySnapshotError as exc:
         return RoundResult(status="nothing_new", scenario=scenario, reason=str(exc))
