@@ -1,7 +1,8 @@
 """Infrastructure faults are not judgements: the gate's sign test against a known table, which
 exceptions count as faults and how a sample is retried, the candidate's `void` state, and, with a
 real engine behind a proxy that stalls or 503s chosen requests, void pairs left out of both arms
-while the rest are judged, and a gate with too few valid pairs that does not reject."""
+while the rest are judged, and a gate with too few valid pairs that does not reject; the learner
+gates a void candidate again within `learner.gate_retries`."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from typing import Any, Literal
 
 import httpx
 import pytest
+import yaml
 
-from reef.config import GateSettings
+from reef.config import GateSettings, resolve
 from reef.core.chat import ChatError
 from reef.demo import rules as demo
 from reef.gate.arms import HarnessArms, Weights
 from reef.gate.evaluate import evaluate_candidate, gate_weights
 from reef.gate.faults import Void, fault_of, with_retries
 from reef.gate.stats import sign_test
+from reef.learn.learner import Learner
+from reef.learn.round_log import RoundLog
 from reef.registry.candidates import TRANSITIONS, CandidateEvent, CandidateRegistry, GateResult, register_candidate
 from reef.registry.harness import Harness
 from reef.sampling.engine import EngineEndpoint, GateEngineError
@@ -305,3 +309,55 @@ def test_an_engine_down_before_sampling_voids_the_gate(serving_model: Path, unre
                                 engine=EngineEndpoint(unreachable, MODEL_NAME), progress=False)
     assert result.decision == "void" and result.reason.startswith("gate void: engine fault (ConnectError)")
     assert CandidateRegistry(data, demo.SCENARIO).get(view.candidate_id).status == "void"
+
+
+def test_the_learner_gates_a_void_candidate_again_within_its_budget(unreachable: str, tmp_path: Path) -> None:
+    """A round whose gate was void (the engine down): the learner gates its candidate again before
+    any new round, in the round process, `gate_retries` times, each try in the register and in
+    rounds.jsonl with the reason in its status; then the candidate stays void and the learner goes on."""
+    data, model, folder = tmp_path / "data", tmp_path / "model", tmp_path / "harness"
+    model.mkdir()  # r0's weights: a harness gate on the engine loads none
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"not read")
+    folder.mkdir()
+    (folder / "rules.md").write_text(f"- {RULE}\n")
+    (folder / "candidate.json").write_text(json.dumps({"kind": "harness", "scenario": demo.SCENARIO}))
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({
+        "data_dir": str(data), "model": str(model), "served_model_name": MODEL_NAME,
+        "learner": {"enabled": True, "gate_retries": 2},
+        "release": {"gate": {"samples": 1, "fault_retries": 0}},
+        "recipes": {"mine": {"recipe": "harness_evolve", "params": {"proposer": "mined"}}},
+        "scenarios": {demo.SCENARIO: {"recipe": "mine"}}}))
+    config, _ = resolve(config_file=tmp_path / "serve.yaml")
+    # The round as reef.learn.round leaves it when the engine was down during its gate.
+    view = register_candidate(data, folder)
+    first = evaluate_candidate(data, view.candidate_id, config.release.gate, base_model=str(model),
+                               engine=EngineEndpoint(unreachable, MODEL_NAME), progress=False)
+    assert first.decision == "void", first.reason
+    log = RoundLog.for_data_dir(data, demo.SCENARIO)
+    rnd = log.begin("harness_evolve")
+    for state, details in (("snapshotted", {}), ("trained", {"candidate_path": str(folder)}),
+                           ("registered", {"candidate_id": view.candidate_id}),
+                           ("gated", {"decision": "void", "reason": first.reason}), ("done", {})):
+        log.append(rnd, state, **details)  # type: ignore[arg-type]
+
+    learner = Learner(config, engine_url=unreachable, engine_model=MODEL_NAME)
+    state = learner.scenarios[demo.SCENARIO]
+    assert learner.plan_tick() == demo.SCENARIO  # due for its void gate, with no record waiting
+    assert state.void_gate is not None and state.void_gate["retries"] == 0
+    assert state.void_gate["reason"].startswith("gate void: engine fault (ConnectError)")
+    for tries in (1, 2):
+        assert learner.tick() == demo.SCENARIO
+        assert state.last_error is None and state.last is not None, state.last_error
+        assert state.last["status"] == "regated" and state.last["gate"]["decision"] == "void", state.last
+        assert learner.describe()["scenarios"][demo.SCENARIO]["void_gate"]["retries"] == tries
+    assert learner.plan_tick() is None  # the budget is spent: no more gates, nothing else to do
+    shown = learner.describe()["scenarios"][demo.SCENARIO]["void_gate"]
+    assert shown["next"] == f"left void after 2 retries; gate it again with `reef gate {view.candidate_id[:12]}`"
+    registry = CandidateRegistry(data, demo.SCENARIO)
+    gates = [e for e in registry.events() if e.event == "evaluated"]
+    assert [g.data["decision"] for g in gates] == ["void"] * 3 and registry.get(view.candidate_id).status == "void"
+    logged = [json.loads(line) for line in (data / "learner" / "rounds.jsonl").read_text().splitlines()]
+    assert [(e["status"], e["candidate_id"], e["gate"]["decision"]) for e in logged] == [
+        ("regated", view.candidate_id, "void")] * 2
+    assert log.current() is not None and log.current().round_id == rnd.round_id  # no new round was started
