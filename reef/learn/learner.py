@@ -24,6 +24,12 @@ waits in `GET /reef/candidates`. The round process gets one `RoundRequest` (the 
 `release.gate`, the engine, the config file) and answers one `RoundResult` (reef.learn.plan), which
 is appended to `<data_dir>/learner/rounds.jsonl`.
 
+A gate that could not judge (engine faults, too few pairs scored in both arms: decision `void`)
+is run again before the scenario's next round, in the round process (`RoundRequest.regate`), at
+most `learner.gate_retries` times (reef.learn.regate); each try is a gate result in the candidate
+register and a `regated` line in rounds.jsonl, and the scenario's `void_gate` in `GET /reef/status`
+says where the candidate stands.
+
 Each round is also a persisted state machine (reef.learn.round_log). A learner killed mid-round
 (`kill -9` of `reef serve`; the round's process dies with it) finds the round open on its next
 start and runs that scenario first: the round process resumes it from its last durable step or
@@ -50,8 +56,8 @@ from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
+from reef.learn.regate import void_retry
 from reef.learn.round_log import Round, RoundLog
-from reef.registry.candidates import CandidateRegistry
 from reef.sampling.engine import EngineEndpoint
 
 if TYPE_CHECKING:
@@ -124,33 +130,9 @@ class ScenarioLearner:
                 "void_gate": self.void_gate}
 
     def void_candidate(self) -> str | None:
-        """The candidate of the latest round whose gate was void (engine faults, too few scored pairs:
-        no judgement), while it still is and `gate_retries` allow another gate; None otherwise.
-        The tries are the candidate's void gates in a row in its register, so they survive a restart;
-        `void_gate` (in the status) says where the candidate stands."""
-        rnd = self.log.current()
-        if rnd is None or rnd.decision != "void" or rnd.candidate_id is None:
-            self.void_gate = None
-            return None
-        cid = rnd.candidate_id
-        registry = CandidateRegistry(self.plan.data_dir, self.plan.scenario)
-        if registry.get(cid).state != "gate_void":  # judged since (a retry, `reef gate`), or rejected by a person
-            self.void_gate = None
-            return None
-        gates = [ev.data for ev in registry.events() if ev.candidate_id == cid and ev.event == "evaluated"]
-        voids = 0
-        for gate in reversed(gates):
-            if gate.get("decision") != "void":
-                break
-            voids += 1
-        retries = max(0, voids - 1)
-        left = self.gate_retries - retries
-        self.void_gate = {
-            "candidate_id": cid, "retries": retries, "gate_retries": self.gate_retries,
-            "reason": gates[-1].get("reason") if gates else None,
-            "next": (f"gated again before the next round ({left} of {self.gate_retries} retries left)" if left > 0
-                     else f"left void after {retries} retries; gate it again with `reef gate {cid[:12]}`")}
-        return cid if left > 0 else None
+        """The latest round's candidate to gate again (reef.learn.regate); `void_gate` says where it stands."""
+        candidate_id, self.void_gate = void_retry(self.plan, self.log, self.gate_retries)
+        return candidate_id
 
 
 def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
