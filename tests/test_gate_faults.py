@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from reef.config import GateSettings, resolve
+from reef.config import GateSettings, ServeConfig, resolve
 from reef.core.chat import ChatError
 from reef.demo import rules as demo
 from reef.gate.arms import HarnessArms, Weights
@@ -311,14 +311,10 @@ def test_an_engine_down_before_sampling_voids_the_gate(serving_model: Path, unre
     assert CandidateRegistry(data, demo.SCENARIO).get(view.candidate_id).status == "void"
 
 
-def test_the_learner_gates_a_void_candidate_again_within_its_budget(unreachable: str, tmp_path: Path) -> None:
-    """A round whose gate was void (the engine down): the learner gates its candidate again before
-    any new round, in the round process, `gate_retries` times, each try in the register and in
-    rounds.jsonl with the reason in its status; then the candidate stays void and the learner goes on."""
-    data, model, folder = tmp_path / "data", tmp_path / "model", tmp_path / "harness"
-    model.mkdir()  # r0's weights: a harness gate on the engine loads none
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"not read")
+def _void_round(tmp_path: Path, model: Path, engine_url: str) -> tuple[ServeConfig, str, RoundLog, str]:
+    """A learner's serve.yaml, and a round whose harness candidate's gate through `engine_url` was
+    void, logged as reef.learn.round leaves it: (config, candidate id, the round log, the round id)."""
+    data, folder = tmp_path / "data", tmp_path / "harness"
     folder.mkdir()
     (folder / "rules.md").write_text(f"- {RULE}\n")
     (folder / "candidate.json").write_text(json.dumps({"kind": "harness", "scenario": demo.SCENARIO}))
@@ -329,10 +325,9 @@ def test_the_learner_gates_a_void_candidate_again_within_its_budget(unreachable:
         "recipes": {"mine": {"recipe": "harness_evolve", "params": {"proposer": "mined"}}},
         "scenarios": {demo.SCENARIO: {"recipe": "mine"}}}))
     config, _ = resolve(config_file=tmp_path / "serve.yaml")
-    # The round as reef.learn.round leaves it when the engine was down during its gate.
     view = register_candidate(data, folder)
     first = evaluate_candidate(data, view.candidate_id, config.release.gate, base_model=str(model),
-                               engine=EngineEndpoint(unreachable, MODEL_NAME), progress=False)
+                               engine=EngineEndpoint(engine_url, MODEL_NAME), progress=False)
     assert first.decision == "void", first.reason
     log = RoundLog.for_data_dir(data, demo.SCENARIO)
     rnd = log.begin("harness_evolve")
@@ -340,6 +335,19 @@ def test_the_learner_gates_a_void_candidate_again_within_its_budget(unreachable:
                            ("registered", {"candidate_id": view.candidate_id}),
                            ("gated", {"decision": "void", "reason": first.reason}), ("done", {})):
         log.append(rnd, state, **details)  # type: ignore[arg-type]
+    return config, view.candidate_id, log, rnd.round_id
+
+
+def test_the_learner_gates_a_void_candidate_again_within_its_budget(unreachable: str, tmp_path: Path) -> None:
+    """A round whose gate was void (the engine down): the learner gates its candidate again before
+    any new round, in the round process, `gate_retries` times, each try in the register and in
+    rounds.jsonl with the reason in its status; then the candidate stays void and the learner goes on."""
+    model = tmp_path / "model"
+    model.mkdir()  # r0's weights: a harness gate on the engine loads none
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"not read")
+    config, cid, log, round_id = _void_round(tmp_path, model, unreachable)
+    data = Path(config.data_dir)
 
     learner = Learner(config, engine_url=unreachable, engine_model=MODEL_NAME)
     state = learner.scenarios[demo.SCENARIO]
@@ -353,11 +361,33 @@ def test_the_learner_gates_a_void_candidate_again_within_its_budget(unreachable:
         assert learner.describe()["scenarios"][demo.SCENARIO]["void_gate"]["retries"] == tries
     assert learner.plan_tick() is None  # the budget is spent: no more gates, nothing else to do
     shown = learner.describe()["scenarios"][demo.SCENARIO]["void_gate"]
-    assert shown["next"] == f"left void after 2 retries; gate it again with `reef gate {view.candidate_id[:12]}`"
+    assert shown["next"] == f"left void after 2 retries; gate it again with `reef gate {cid[:12]}`"
     registry = CandidateRegistry(data, demo.SCENARIO)
     gates = [e for e in registry.events() if e.event == "evaluated"]
-    assert [g.data["decision"] for g in gates] == ["void"] * 3 and registry.get(view.candidate_id).status == "void"
+    assert [g.data["decision"] for g in gates] == ["void"] * 3 and registry.get(cid).status == "void"
     logged = [json.loads(line) for line in (data / "learner" / "rounds.jsonl").read_text().splitlines()]
     assert [(e["status"], e["candidate_id"], e["gate"]["decision"]) for e in logged] == [
-        ("regated", view.candidate_id, "void")] * 2
-    assert log.current() is not None and log.current().round_id == rnd.round_id  # no new round was started
+        ("regated", cid, "void")] * 2
+    assert log.current() is not None and log.current().round_id == round_id  # no new round was started
+
+
+@pytest.mark.vllm
+def test_the_learner_retries_a_void_gate_and_the_retry_judges(vllm_url: str, serving_model: Path,
+                                                              tmp_path: Path) -> None:
+    """The engine answers 503 to every request of the round's gate (void), then recovers: the
+    learner's first retry judges the candidate, and nothing more is retried."""
+    down = threading.Event()
+    down.set()
+    with FaultyProxy(vllm_url, lambda word, arm, attempt: UNAVAILABLE if down.is_set() else None) as proxy:
+        config, cid, _, _ = _void_round(tmp_path, serving_model, proxy.url)
+        down.clear()
+        learner = Learner(config, engine_url=proxy.url, engine_model=MODEL_NAME)
+        state = learner.scenarios[demo.SCENARIO]
+        assert learner.tick() == demo.SCENARIO
+    assert state.last is not None and state.last["status"] == "regated", (state.last, state.last_error)
+    decision = state.last["gate"]["decision"]
+    assert decision in ("select", "reject"), state.last
+    view = CandidateRegistry(Path(config.data_dir), demo.SCENARIO).get(cid)
+    assert view.status == ("selected" if decision == "select" else "rejected")
+    assert view.gate is not None and view.gate.void_pairs == 0
+    assert state.void_candidate() is None and state.void_gate is None  # judged: no budget left to spend
