@@ -95,7 +95,8 @@ class Probe(BaseModel):
 
 class GateResult(BaseModel):
     decision: Literal["select", "reject", "void"] = Field(
-        description="void: too few pairs the engine answered to judge (infrastructure faults); no judgement")
+        description="select: the bootstrap interval and the sign test both agree; void: too few pairs scored in both "
+        "arms to judge (infrastructure faults, replies the reward could not score); no judgement")
     reason: str
     head_release_id: str | None = None
     candidate_success: float | None = None
@@ -112,7 +113,8 @@ class GateResult(BaseModel):
     unscored: int = Field(default=0, description="replies the reward could not score: left out, never counted as 0")
     void_pairs: int = Field(default=0, description="tasks left out of both arms: the engine faulted past the retries")
     fault_retries: int = Field(default=0, description="sample requests retried after an infrastructure fault")
-    sign_p: float | None = Field(default=None, description="two-sided exact sign test over the pairs that differ")
+    sign_p: float | None = Field(default=None, description="two-sided exact sign test over the pairs that differ; "
+                                 "selecting needs it below 1 - confidence, with more wins than losses")
     backend: Literal["engine", "transformers"] | None = Field(default=None, description="what sampled the replies")
     probe: Probe | None = None
     evaluated_at: datetime = Field(default_factory=utcnow)
