@@ -78,7 +78,7 @@ def main() -> int:
         if out.status != "trained" or out.candidate is None:
             console.print(f"[red]no candidate: {out}")
             return 1
-        folder = Path(out.candidate["path"])
+        folder = out.candidate.path
         view = CandidateRegistry(data, demo.SCENARIO).register(folder)
         result = timed(phases, "gate (both arms, transformers)", lambda: evaluate_candidate(
             data, view.candidate_id, GateSettings(samples=args.samples, seed=args.seed), base_model=str(TINY),
@@ -96,7 +96,7 @@ def main() -> int:
     console.print(table)
     lines = [f"gate: {result.decision} ({result.reason})",
              f"traffic: {traffic['records']} records, mean score {traffic['mean_score']:.3f}; "
-             f"proposer saw {out.candidate['metrics']['failures']} failures",
+             f"proposer saw {out.candidate.metrics['failures']} failures",
              *(f"  {name:34} {used:6.1f} s CPU  {wall:6.1f} s wall" for name, (wall, used) in phases.items())]
     for line in lines:
         console.print(line)
