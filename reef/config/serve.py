@@ -82,6 +82,27 @@ class StoreConfig(_Strict):
     flush_max_records: int = Field(default=5000, gt=0)
 
 
+class ExploreSettings(_Strict):
+    """The learner's first rung when live rewards are rare (reef.learn.ladder): an exploration round
+    (recipe `explore`: the policy's own rollouts on the scenario's practice tasks, scored by its
+    reward, the successes fine-tuned) instead of waiting, for a scenario whose own recipe waits for
+    rewarded records, trains a LoRA, and which declares a reward and `tasks:` (no environment)."""
+
+    enabled: bool = Field(default=True, description="false: a scenario's round only ever waits for live rewards")
+    recipe: str = Field(default="explore", description="the exploration recipe: a built-in name or module:Class")
+    params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (samples, temperature, "
+                                   "max_prompts, guided, ...)")
+    min_reports: int = Field(default=16, ge=1, description="reported live records, fewer than min_rewarded of them "
+                             "rewarded, before rewards count as rare")
+    retry_s: float = Field(default=300.0, gt=0, description="the wait after an exploration round before the next; "
+                           "doubled after each that released nothing (up to 8x)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
 class LearnerConfig(_Strict):
     """The learner `reef serve` runs: rounds for every scenario that declares a recipe
     (`scenarios.<s>.recipe`, a name in `recipes:`), whenever enough new experience waits."""
@@ -101,6 +122,8 @@ class LearnerConfig(_Strict):
                               "unless the recipe sets min_rewarded")
     min_unrewarded: int = Field(default=4, ge=0, description="records reported with a reward of 0 (or below the "
                                 "recipe's min_score / failure_below), unless the recipe sets min_unrewarded")
+    explore: ExploreSettings = Field(default_factory=ExploreSettings, description="exploration rounds while live "
+                                     "rewards are rare (false: off)")
 
     @model_validator(mode="before")
     @classmethod

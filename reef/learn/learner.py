@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from reef.config import ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
+from reef.learn.ladder import Exploration, exploration_for
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
 from reef.learn.round_log import Round, RoundLog
@@ -86,6 +87,9 @@ class ScenarioLearner:
     # already says what the failures teach): the next round waits for min_records more than that,
     # instead of asking again every interval about the same failures.
     idle_at: int | None = None
+    # The ladder's exploration rung (reef.learn.ladder); None where exploring does not fit.
+    exploration: Exploration | None = None
+    exploring: bool = False  # the round running now is an exploration round
 
     @property
     def min_records(self) -> int:
@@ -105,17 +109,40 @@ class ScenarioLearner:
                 self.waiting = f"waiting: {have} of {want} records (the last round found nothing new to learn)"
             else:
                 self.idle_at = None
+        if self.exploration is not None and self.pending is not None:
+            self.exploration.check(self.pending, self.thresholds, self.waiting)
 
     def due(self) -> bool:
         """A round an earlier process left open (killed mid-round) is due whatever waits; else one
         is due when the last count reached every threshold."""
-        return self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
+        return self.log.open_round() is not None or (self.pending is not None and self.waiting is None) or (
+            self.exploration is not None and self.exploration.reason is not None)
+
+    def round_plan(self) -> RoundPlan:
+        """The plan of the round to run now: the exploration rung's when it is due (and no round of
+        the scenario's own is open or due), else the scenario's own."""
+        own_due = self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
+        self.exploring = not own_due and self.exploration is not None and self.exploration.reason is not None
+        assert self.exploration is not None or not self.exploring
+        return self.exploration.plan if self.exploration is not None and self.exploring else self.plan
+
+    def explored(self, idle_at: int | None, rounds_before: int) -> None:
+        """After an exploration round (`rounds_before`: the count before it; not more: it failed):
+        space the next one, and leave the own recipe's idle mark as it was."""
+        if not self.exploring or self.exploration is None:
+            return
+        last = (self.last or {}) if self.rounds > rounds_before else {}
+        self.exploration.finished(last.get("status"), last.get("release"))
+        self.idle_at, self.exploring = idle_at, False
 
     def describe(self) -> dict[str, Any]:
         current = self.log.current()
         return {"recipe": self.plan.recipe, "min_records": self.min_records,
                 "thresholds": self.thresholds.model_dump(), "waiting": None if self.running else self.waiting,
-                "running": self.running, "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
+                "running": self.running, "rounds": self.rounds,
+                "exploring": self.exploration.reason if self.exploration else None,
+                "exploration": self.exploration.describe() if self.exploration else None,
+                "pending": self.pending, "last_round": self.last,
                 "last_error": self.last_error, "round": current.public() if current else None}
 
 
@@ -139,6 +166,10 @@ def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
         # The round process checks the thresholds again on what it finds (reef.learn.round.run_round).
         out[name] = ScenarioLearner(plan=plan.model_copy(update={"wait_for": wait_for}), thresholds=wait_for,
                                     recipe=recipe)
+        try:
+            out[name].exploration = exploration_for(config, name, plan, recipe, wait_for)
+        except (ValueError, TypeError, LookupError, ImportError) as exc:
+            raise LearnerConfigError(f"learner.explore: {exc}") from exc
     return out
 
 
@@ -148,6 +179,9 @@ class Learner:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.scenarios = scenarios if scenarios is not None else scenario_plans(config)
+        if not (engine_url and engine_model):  # exploration samples through the engine
+            for one in self.scenarios.values():
+                one.exploration = None
         self.engine_url, self.engine_model = engine_url, engine_model
         self.publisher: Publisher | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -227,6 +261,7 @@ class Learner:
         self._last_ran = due
         state = self.scenarios[due]
         state.running = True
+        idle_at, rounds = state.idle_at, state.rounds
         try:
             self._round(state)
         except Exception as exc:  # a broken round must never take the gateway down
@@ -234,6 +269,7 @@ class Learner:
             state.last_error = repr(exc)
         finally:
             state.running = False
+            state.explored(idle_at, rounds)
         return due
 
     def _round(self, state: ScenarioLearner) -> None:
@@ -243,7 +279,7 @@ class Learner:
         folder.mkdir(parents=True, exist_ok=True)
         request_file, out, log_path = folder / "request.json", folder / "round.json", folder / "rounds.log"
         engine = EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
-        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=engine,
+        request = RoundRequest(plan=state.round_plan(), gate=self.config.release.gate, engine=engine,
                                config_file=self.config.config_file)
         request_file.write_text(request.model_dump_json(indent=2))
         out.unlink(missing_ok=True)
