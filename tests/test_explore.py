@@ -15,7 +15,14 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from recipes.explore.recipe import Rollout, guided_share, rollout_metrics, training_rows, write_rollouts
+from recipes.explore.recipe import (
+    Rollout,
+    guided_share,
+    rollout_metrics,
+    target_ids,
+    training_rows,
+    write_rollouts,
+)
 from reef.config import ServeConfig
 from reef.config.serve import ExploreSettings
 from reef.experience.store import ExperienceStore
@@ -96,22 +103,24 @@ def test_rollouts_are_written_with_provenance_and_successes_become_examples(tmp_
     rollouts = [_rollout(0, True, [9, 9, 9], CALL), _rollout(0, False, [4, 5], plain),
                 _rollout(1, False, [4, 5], plain), _rollout(1, False, [4, 5], plain), _rollout(1, False, [6], plain)]
     scores = [1.0, 0.0, 1.0, 1.0, None]
-    path = write_rollouts(tmp_path / "rollouts", rollouts, scores, 1.0)
+    targets = [target_ids(r, tasks, tok) if s == 1.0 else [] for r, s in zip(rollouts, scores, strict=True)]
+    path = write_rollouts(tmp_path / "rollouts", rollouts, scores, targets, 1.0)
     back = datasets.load_dataset("parquet", data_files=str(path), split="train")
     assert len(back) == 5 and set(back["source"]) == {"exploration"}
     assert back[0]["guided"] and back[0]["completion_ids"] == [9, 9, 9] and back[0]["logprobs"] == [-0.1] * 3
     assert json.loads(back[0]["tool_calls"])[0]["function"]["name"] == "get_weather"
+    assert tok.decode(back[0]["target_ids"]).startswith("<tool_call>")  # the markup, not the served JSON
+    assert back[2]["target_ids"] == [4, 5] and back[1]["target_ids"] == []  # exactly as sampled; not kept
     assert back["reward"] == [1.0, 0.0, 1.0, 1.0, None] and back["success"] == [True, False, True, True, False]
     assert rollout_metrics(rollouts, scores, 1.0) == {
         "rollouts": 5, "successes": 3, "success_rate": 0.6, "guided_rollouts": 1, "guided_successes": 1,
         "unscored_rollouts": 1, "explored_tasks": 2, "tool_call_rollouts": 1}
 
-    kept = [r for r, s in zip(rollouts, scores, strict=True) if s == 1.0]
-    rows = training_rows(kept, tasks, tok)
+    rows = training_rows(rollouts, targets)
     assert rows.height == 2  # one task's same reply twice is one example
     guided, unguided = rows.to_dicts()
-    assert tok.decode(guided["completion_ids"]).startswith("<tool_call>")  # the markup, not the served JSON
-    assert unguided["completion_ids"] == [4, 5] and unguided["prompt_ids"] == [1, 2]  # exactly as sampled
+    assert guided["completion_ids"] == back[0]["target_ids"]
+    assert unguided["completion_ids"] == [4, 5] and unguided["prompt_ids"] == [1, 2]
 
 
 def test_guided_decoding_takes_half_of_a_tool_task_samples() -> None:

