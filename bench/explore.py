@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import DEFAULT_MODEL, ServeConfig, resolve  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
-from reef.recipe import Snapshot, load_recipe  # noqa: E402
+from reef.recipe import Candidate, Snapshot, load_recipe  # noqa: E402
 from reef.sampling.engine import Arm, EngineEndpoint, EngineSession, run_session  # noqa: E402
 from reef.scenario import Scenario, eval_suite, get_scenario  # noqa: E402
 
@@ -76,6 +76,8 @@ def main() -> int:
     parser.add_argument("--max-prompts", type=int, default=64, help="practice tasks the round samples")
     parser.add_argument("--eval-samples", type=int, default=4, help="replies per held-out task and model")
     parser.add_argument("--params", default="{}", help="more explore params, as JSON")
+    parser.add_argument("--candidate", type=Path, default=None,
+                        help="a candidate folder an earlier run's round wrote: measured, no round run")
     add_flag(parser)
     args = parser.parse_args()
 
@@ -96,12 +98,16 @@ def main() -> int:
                       f"e.g. {base['example']!r}")
         params = {"scenario": args.example, "base_model": str(REPO / DEFAULT_MODEL), "samples": args.samples,
                   "max_prompts": args.max_prompts, "sample_seed": 0, **json.loads(args.params)}
-        recipe = load_recipe("explore", params, declared=scenario)
-        recipe.engine = engine
-        snap = Snapshot.create(args.example, work / "no-data", recipe.experience(), root=work / "snapshots",
-                               ledger_root=work / "ledger", allow_empty=True)
         t0 = time.monotonic()
-        candidate = recipe.run(snap, out_root=work / "candidates", progress=False)
+        if args.candidate is not None:
+            candidate = Candidate.read(args.candidate)
+        else:
+            recipe = load_recipe("explore", params, declared=scenario)
+            recipe.engine = engine
+            snap = Snapshot.create(args.example, work / "no-data", recipe.experience(), root=work / "snapshots",
+                                   ledger_root=work / "ledger", allow_empty=True)
+            candidate = recipe.run(snap, out_root=work / "candidates", progress=False)
+        console.print(f"candidate {candidate.path}")
         round_s = time.monotonic() - t0
         m = candidate.metrics
         console.print(f"round {round_s:.0f} s: {m['successes']} of {m['rollouts']} rollouts rewarded "
@@ -120,7 +126,7 @@ def main() -> int:
     table.add_row("base", f"{base['success']:.3f}", f"{base['ci95']}", "", "", "", "", "")
     table.add_row("after one round", f"{after['success']:.3f}", f"{after['ci95']}", str(m["rollouts"]),
                   str(m["successes"]), f"{m['guided_successes']} of {m['guided_rollouts']}", str(m["train_samples"]),
-                  f"{round_s:.0f}")
+                  f"{round_s:.0f}" if args.candidate is None else "(earlier run)")
     console.print(table)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "explore.json").write_text(json.dumps({"example": args.example, "params": params, "base": base,

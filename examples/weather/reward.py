@@ -18,8 +18,10 @@ def reward(task, reply):
         call = json.loads(calls[0])
     except ValueError:
         return 0.0
-    arguments = call.get("arguments") if isinstance(call, dict) else None
-    if call.get("name") != "get_weather" or not isinstance(arguments, dict) or set(arguments) != {"city"}:
+    if not isinstance(call, dict) or call.get("name") != "get_weather":
+        return 0.0
+    arguments = call.get("arguments")
+    if not isinstance(arguments, dict) or set(arguments) != {"city"}:
         return 0.0
     city = arguments["city"]
     return 1.0 if isinstance(city, str) and city.strip().lower() == task["city"].lower() else 0.0
