@@ -122,9 +122,12 @@ class ScenarioLearner:
         """The plan of the round to run now: the exploration rung's when it is due (and no round of
         the scenario's own is open or due), else the scenario's own."""
         own_due = self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
-        self.exploring = not own_due and self.exploration is not None and self.exploration.reason is not None
-        assert self.exploration is not None or not self.exploring
-        return self.exploration.plan if self.exploration is not None and self.exploring else self.plan
+        explore = self.exploration
+        if explore is None or explore.reason is None or own_due:
+            self.exploring = False
+            return self.plan
+        self.exploring = True
+        return explore.plan
 
     def explored(self, idle_at: int | None, rounds_before: int) -> None:
         """After an exploration round (`rounds_before`: the count before it; not more: it failed):
