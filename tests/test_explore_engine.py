@@ -14,12 +14,15 @@ from pathlib import Path
 import datasets
 import httpx
 import pytest
+import yaml
 from transformers import AutoTokenizer
 
+from reef.demo import task as demo
 from reef.recipe import Snapshot, load_recipe
 from reef.sampling.engine import TEMP_PREFIX, EngineEndpoint
 from reef.scenario import EvalSpec, Scenario, get_scenario
-from tests.helpers import MODEL_NAME
+from tests.helpers import MODEL_NAME, TINY, wait_for
+from tests.helpers.gateway import Gateway
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm]
@@ -116,3 +119,46 @@ def test_explore_samples_scores_records_and_trains(vllm_url: str, serving_model:
         assert r["target_ids"] != r["completion_ids"]
     assert tool_cand.kind == "lora" and m["train_samples"] >= 1
     assert _temporary(vllm_url) == []
+
+
+def test_the_learner_explores_while_live_rewards_are_rare(make_gateway) -> None:  # noqa: ANN001
+    # Live traffic reported, none of it rewarded: the scenario's rft would wait; the learner's
+    # exploration rung runs instead, says why, gates its candidate, and spaces the next one.
+    gw: Gateway = make_gateway("explore", extra_args=["--model", str(TINY)])
+    gw.workdir.mkdir(parents=True, exist_ok=True)
+    (gw.workdir / "tasks.jsonl").write_text("".join(json.dumps(demo.as_row(t)) + "\n" for t in demo.train_tasks()[:32]))
+    (gw.workdir / "eval.jsonl").write_text("".join(json.dumps(demo.as_row(t)) + "\n" for t in demo.eval_tasks()[:8]))
+    (gw.workdir / "adds.py").write_text(
+        "import re\n\ndef reward(task, reply):\n    m = re.search(r'Answer:\\s*(-?\\d+)', reply)\n"
+        "    return 1.0 if m and int(m.group(1)) == task['answer'] else 0.0\n")
+    (gw.workdir / "serve.yaml").write_text(yaml.safe_dump({
+        "served_model_name": MODEL_NAME, "store": {"flush_interval_s": 0.2},
+        "learner": {"enabled": True, "interval_s": 0.5, "min_records": 4, "min_rewarded": 4, "explore": {
+            "min_reports": 4, "params": {"samples": 4, "max_prompts": 8, "max_steps": 2, "max_new_tokens": 12}}},
+        "release": {"gate": {"samples": 1}},
+        "recipes": {"r": {"recipe": "rft", "params": {"kind": "lora", "min_score": 1.0}}},
+        "scenarios": {"adds": {"policy": "approval", "recipe": "r", "reward": "adds:reward", "tasks": "tasks.jsonl",
+                               "eval": {"path": "eval.jsonl", "max_new_tokens": 12}}},
+    }))
+    gw.start()
+    client = gw.client(**{"x-reef-scenario": "adds"})
+    for t in demo.eval_tasks()[8:12]:
+        raw = client.chat.completions.with_raw_response.create(model=MODEL_NAME, messages=t.messages, max_tokens=8)
+        report = {"agent_record_id": raw.headers["x-reef-agent-record-id"], "score": 0.0}
+        assert httpx.post(f"{gw.url}/reef/report", json=report, headers={"x-reef-scenario": "adds"}).status_code == 200
+
+    def learner() -> dict:
+        return httpx.get(f"{gw.url}/reef/status", timeout=30).json()["learner"]["scenarios"]["adds"]
+
+    seen: list[str | None] = []
+    wait_for(lambda: seen.append(learner()["exploring"]) or seen[-1] is not None, timeout=120)
+    assert seen[-1] == "exploring: 0 of 4 rewarded in 4 reported records"
+    wait_for(lambda: (learner()["exploration"] or {}).get("rounds", 0) >= 1 and not learner()["running"],
+             timeout=420)
+    mine = learner()
+    assert mine["exploration"]["last"]["status"] == "trained", mine
+    assert mine["exploring"] is None and mine["exploration"]["next_in_s"] > 0  # spaced
+    assert mine["waiting"] == "waiting: 0 of 4 rewarded, 0 of 4 records"  # rft still waits for live rewards
+    rounds = [json.loads(line) for line in (gw.data_dir / "learner" / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[-1]["metrics"]["rollouts"] == 32 and rounds[-1]["gate"]["decision"] in ("select", "reject")
+    assert mine["round"]["recipe"] == "explore", mine["round"]
