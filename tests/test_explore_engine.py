@@ -67,12 +67,45 @@ def _rollouts(path: Path) -> datasets.Dataset:
 
 def test_explore_samples_scores_records_and_trains(vllm_url: str, serving_model: Path, tmp_path: Path) -> None:
     engine = EngineEndpoint(vllm_url, MODEL_NAME)
-    common = {"base_model": str(serving_model), "max_steps": 2, "sample_seed": 0, "max_new_tokens": 16}
+    common = {"base_model": str(serving_model), "max_steps": 2, "sample_seed": 0}
+    tok = AutoTokenizer.from_pretrained(serving_model)
 
-    # demo-add through its declared reward and tasks (never its eval tasks): the base model is right
-    # about a quarter of the time, so 32 rollouts hold successes.
+    # A tool scenario: half of each task's samples under guided decoding, which makes the model
+    # write the call (unasked, the tiny model calls a tool it was never offered).
+    (tmp_path / "weather").mkdir()
+    (tmp_path / "weather" / "weather_reward.py").write_text(REWARD)
+    tasks = [{"task_id": f"w{i}", "messages": [{"role": "user", "content": f"What is the weather in {city}?"}],
+              "tools": TOOLS} for i, city in enumerate(["Oslo", "Lima", "Rome", "Kyiv"])]
+    (tmp_path / "weather" / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (tmp_path / "weather" / "eval.jsonl").write_text(json.dumps({**tasks[0], "task_id": "e0"} | {
+        "messages": [{"role": "user", "content": "Weather in Bern?"}]}) + "\n")
+    weather = Scenario(name="weather", reward="weather_reward:reward", tasks=Path("tasks.jsonl"),
+                       eval=EvalSpec(path=Path("eval.jsonl"), max_new_tokens=64), base_dir=tmp_path / "weather")
+    tool_cand = _run({**common, "samples": 16, "max_prompts": 4, "max_new_tokens": 64}, weather, engine, tmp_path,
+                     "weather")
+    rows = _rollouts(tool_cand.path)
+    m = tool_cand.metrics
+    assert m["rollouts"] == 64 and m["guided_rollouts"] == 32 == sum(rows["guided"])
+    called = [r for r in rows if r["guided"] and json.loads(r["tool_calls"])]
+    assert called, "guided decoding gave no parsed tool call"
+    assert all(json.loads(r["tool_calls"])[0]["function"]["name"] == "get_weather" for r in called)
+    kept = [r for r in rows if r["guided"] and r["success"]]
+    assert kept and m["guided_successes"] == len(kept)
+    for r in kept:  # trained as the template's markup (whatever the grammar made the engine emit)
+        target = tok.decode(r["target_ids"])
+        assert target.startswith("<tool_call>") and target.endswith("</tool_call><|im_end|>"), target
+        call = json.loads(target[len("<tool_call>"):-len("</tool_call><|im_end|>")])
+        assert call["name"] == "get_weather" and call == {
+            "name": "get_weather", "arguments": json.loads(json.loads(r["tool_calls"])[0]["function"]["arguments"])}
+    assert tool_cand.kind == "lora" and m["train_samples"] >= 1
+    assert _temporary(vllm_url) == []
+
+    # demo-add through its declared reward and tasks (never its eval tasks), explored from the LoRA
+    # just trained (the head a round continues from: loaded under a temporary adapter name). The
+    # model is right about a quarter of the time, so 32 rollouts hold successes.
     demo_add = get_scenario("demo-add")
-    cand = _run({**common, "samples": 4, "max_prompts": 8}, demo_add, engine, tmp_path, "add")
+    cand = _run({**common, "samples": 4, "max_prompts": 8, "max_new_tokens": 16, "init_adapter": str(tool_cand.path)},
+                demo_add, engine, tmp_path, "add")
     rows = _rollouts(cand.path)
     m = cand.metrics
     assert len(rows) == m["rollouts"] == 32 and set(rows["source"]) == {"exploration"}
@@ -86,38 +119,9 @@ def test_explore_samples_scores_records_and_trains(vllm_url: str, serving_model:
     assert not any(r["target_ids"] for r in rows if not r["success"])
     eval_prompts = {json.dumps(t["messages"]) for t in map(json.loads, demo_add.resolve_path(
         demo_add.eval.path).read_text().splitlines())} if demo_add.eval else set()
-    tok = AutoTokenizer.from_pretrained(serving_model)
     asked = {tok.decode(r["prompt_ids"]) for r in rows}
     assert not any(json.loads(p)[-1]["content"] in a for p in eval_prompts for a in asked)  # eval stays unseen
     assert cand.kind == "lora" and m["train_samples"] >= 1 and m["snapshot_records"] == 0
-    assert _temporary(vllm_url) == []
-
-    # A tool scenario, explored from the LoRA just trained (the head a round would continue from):
-    # half of each task's samples under guided decoding, which makes the model write the call.
-    (tmp_path / "weather").mkdir()
-    (tmp_path / "weather" / "weather_reward.py").write_text(REWARD)
-    tasks = [{"task_id": f"w{i}", "messages": [{"role": "user", "content": f"What is the weather in {city}?"}],
-              "tools": TOOLS} for i, city in enumerate(["Oslo", "Lima", "Rome", "Kyiv"])]
-    (tmp_path / "weather" / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    (tmp_path / "weather" / "eval.jsonl").write_text(json.dumps({**tasks[0], "task_id": "e0"} | {
-        "messages": [{"role": "user", "content": "Weather in Bern?"}]}) + "\n")
-    weather = Scenario(name="weather", reward="weather_reward:reward", tasks=Path("tasks.jsonl"),
-                       eval=EvalSpec(path=Path("eval.jsonl"), max_new_tokens=48), base_dir=tmp_path / "weather")
-    tool_cand = _run({**common, "samples": 8, "max_prompts": 4, "max_new_tokens": 48, "init_adapter": str(cand.path)},
-                     weather, engine, tmp_path, "weather")
-    rows = _rollouts(tool_cand.path)
-    m = tool_cand.metrics
-    assert m["rollouts"] == 32 and m["guided_rollouts"] == 16 == sum(rows["guided"])
-    called = [r for r in rows if r["guided"] and json.loads(r["tool_calls"])]
-    assert called, "guided decoding gave no parsed tool call"
-    assert all(json.loads(r["tool_calls"])[0]["function"]["name"] == "get_weather" for r in called)
-    kept = [r for r in rows if r["guided"] and r["success"]]
-    assert kept and m["guided_successes"] == len(kept)
-    for r in kept:  # trained as the template's markup, not as the JSON the grammar forced
-        target = tok.decode(r["target_ids"])
-        assert target.startswith("<tool_call>") and target.endswith("<|im_end|>"), target
-        assert r["target_ids"] != r["completion_ids"]
-    assert tool_cand.kind == "lora" and m["train_samples"] >= 1
     assert _temporary(vllm_url) == []
 
 
