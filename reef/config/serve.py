@@ -82,6 +82,27 @@ class StoreConfig(_Strict):
     flush_max_records: int = Field(default=5000, gt=0)
 
 
+class ExploreSettings(_Strict):
+    """The learner's first rung when live rewards are rare (reef.learn.ladder): an exploration round
+    (recipe `explore`: the policy's own rollouts on the scenario's practice tasks, scored by its
+    reward, the successes fine-tuned) instead of waiting, for a scenario whose own recipe waits for
+    rewarded records, trains a LoRA, and which declares a reward and `tasks:` (no environment)."""
+
+    enabled: bool = Field(default=True, description="false: a scenario's round only ever waits for live rewards")
+    recipe: str = Field(default="explore", description="the exploration recipe: a built-in name or module:Class")
+    params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (samples, temperature, "
+                                   "max_prompts, guided, ...)")
+    min_reports: int = Field(default=16, ge=1, description="reported live records, fewer than min_rewarded of them "
+                             "rewarded, before rewards count as rare")
+    retry_s: float = Field(default=300.0, gt=0, description="the wait after an exploration round before the next; "
+                           "doubled after each that released nothing (up to 8x)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
 class LearnerConfig(_Strict):
     """The learner `reef serve` runs: rounds for every scenario that declares a recipe
     (`scenarios.<s>.recipe`, a name in `recipes:`), whenever enough new experience waits."""
@@ -104,6 +125,8 @@ class LearnerConfig(_Strict):
     gate_retries: int = Field(default=2, ge=0, description="times a candidate whose gate was void (engine faults, "
                               "too few scored pairs: no judgement) is gated again, one try per interval before any "
                               "new round of its scenario; then it stays void until someone runs `reef gate`")
+    explore: ExploreSettings = Field(default_factory=ExploreSettings, description="exploration rounds while live "
+                                     "rewards are rare (false: off)")
 
     @model_validator(mode="before")
     @classmethod

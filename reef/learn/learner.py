@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from reef.config import ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
+from reef.learn.ladder import Exploration, exploration_for
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
 from reef.learn.regate import void_retry
@@ -95,6 +96,9 @@ class ScenarioLearner:
     idle_at: int | None = None
     gate_retries: int = 2  # learner.gate_retries: how often a void gate of this scenario's candidate is run again
     void_gate: dict[str, Any] | None = None  # the latest round's candidate whose gate was void, and what comes next
+    # The ladder's exploration rung (reef.learn.ladder); None where exploring does not fit.
+    exploration: Exploration | None = None
+    exploring: bool = False  # the round running now is an exploration round
 
     @property
     def min_records(self) -> int:
@@ -114,18 +118,44 @@ class ScenarioLearner:
                 self.waiting = f"waiting: {have} of {want} records (the last round found nothing new to learn)"
             else:
                 self.idle_at = None
+        if self.exploration is not None and self.pending is not None:
+            self.exploration.check(self.pending, self.thresholds, self.waiting)
 
     def due(self) -> bool:
         """A round an earlier process left open (killed mid-round) is due whatever waits; else one
         is due when the last count reached every threshold."""
         return (self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
-                or self.void_candidate() is not None)
+                or self.void_candidate() is not None
+                or (self.exploration is not None and self.exploration.reason is not None))
+
+    def round_plan(self) -> RoundPlan:
+        """The plan of the round to run now: the exploration rung's when it is due (and no round of
+        the scenario's own is open or due), else the scenario's own."""
+        own_due = self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
+        explore = self.exploration
+        if explore is None or explore.reason is None or own_due:
+            self.exploring = False
+            return self.plan
+        self.exploring = True
+        return explore.plan
+
+    def explored(self, idle_at: int | None, rounds_before: int) -> None:
+        """After an exploration round (`rounds_before`: the count before it; not more: it failed):
+        space the next one, and leave the own recipe's idle mark as it was."""
+        if not self.exploring or self.exploration is None:
+            return
+        last = (self.last or {}) if self.rounds > rounds_before else {}
+        self.exploration.finished(last.get("status"), last.get("release"))
+        self.idle_at, self.exploring = idle_at, False
 
     def describe(self) -> dict[str, Any]:
         current = self.log.current()
         return {"recipe": self.plan.recipe, "min_records": self.min_records,
                 "thresholds": self.thresholds.model_dump(), "waiting": None if self.running else self.waiting,
-                "running": self.running, "rounds": self.rounds, "pending": self.pending, "last_round": self.last,
+                "running": self.running, "rounds": self.rounds,
+                "exploring": self.exploration.reason if self.exploration else None,
+                "exploration": self.exploration.describe() if self.exploration else None,
+                "pending": self.pending, "last_round": self.last,
                 "last_error": self.last_error, "round": current.public() if current else None,
                 "void_gate": self.void_gate}
 
@@ -155,6 +185,10 @@ def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
         # The round process checks the thresholds again on what it finds (reef.learn.round.run_round).
         out[name] = ScenarioLearner(plan=plan.model_copy(update={"wait_for": wait_for}), thresholds=wait_for,
                                     recipe=recipe)
+        try:
+            out[name].exploration = exploration_for(config, name, plan, recipe, wait_for)
+        except (ValueError, TypeError, LookupError, ImportError) as exc:
+            raise LearnerConfigError(f"learner.explore: {exc}") from exc
     return out
 
 
@@ -164,6 +198,9 @@ class Learner:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.scenarios = scenarios if scenarios is not None else scenario_plans(config)
+        if not (engine_url and engine_model):  # exploration samples through the engine
+            for one in self.scenarios.values():
+                one.exploration = None
         self.engine_url, self.engine_model = engine_url, engine_model
         self.publisher: Publisher | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -245,6 +282,7 @@ class Learner:
         self._last_ran = due
         state = self.scenarios[due]
         state.running = True
+        idle_at, rounds = state.idle_at, state.rounds
         try:
             self._round(state)
         except Exception as exc:  # a broken round must never take the gateway down
@@ -252,6 +290,7 @@ class Learner:
             state.last_error = repr(exc)
         finally:
             state.running = False
+            state.explored(idle_at, rounds)
         return due
 
     def _round(self, state: ScenarioLearner) -> None:
@@ -259,26 +298,12 @@ class Learner:
             return
         if self._retry_void(state):  # a void gate is retried before anything new is trained
             return
-        folder = self.dir / state.plan.scenario
-        folder.mkdir(parents=True, exist_ok=True)
-        request_file, out, log_path = folder / "request.json", folder / "round.json", folder / "rounds.log"
-        engine = EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
-        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=engine,
+        request = RoundRequest(plan=state.round_plan(), gate=self.config.release.gate, engine=self._engine(),
                                config_file=self.config.config_file)
-        request_file.write_text(request.model_dump_json(indent=2))
-        out.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "reef.learn.round", "--request", str(request_file), "--out", str(out)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         started = time.time()
-        with log_path.open("ab") as log_file:
-            # The round dies with the learner (kill -9 included): a restarted learner resumes it alone.
-            self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                             preexec_fn=die_with_parent)
-            code = self._process.wait()
-        if code != 0 or not out.is_file():
-            state.last_error = f"round exited with code {code}; see {log_path}"
+        result = self._run_request(state, request, "round")
+        if result is None:
             return
-        result = RoundResult.model_validate_json(out.read_text())
         if result.status == "waiting":  # less signal than counted (another process took records): no round
             state.pending, state.waiting = result.pending, result.reason
             return
@@ -294,10 +319,7 @@ class Learner:
         seconds = round(time.time() - started, 1)
         entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": seconds,
                  **result.model_dump(mode="json"), "release": release}
-        with self.rounds_file.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self._append_round(entry)
         state.rounds += 1
         gate = result.gate
         last = {"scenario": result.scenario, "status": result.status, "seconds": seconds, "metrics": result.metrics,
@@ -316,8 +338,7 @@ class Learner:
         candidate_id = state.void_candidate()
         if candidate_id is None:
             return False
-        engine = EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
-        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=engine,
+        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=self._engine(),
                                config_file=self.config.config_file, regate=candidate_id)
         started = time.time()
         result = self._run_request(state, request, "regate")
@@ -329,10 +350,7 @@ class Learner:
         seconds = round(time.time() - started, 1)
         entry = {"scenario": state.plan.scenario, "started_at": started, "seconds": seconds,
                  **result.model_dump(mode="json"), "release": release}
-        with self.rounds_file.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self._append_round(entry)
         state.void_candidate()  # the status counts this try
         state.last = self.last = {
             "scenario": result.scenario, "status": result.status, "seconds": seconds, "candidate_id": candidate_id,
@@ -340,6 +358,16 @@ class Learner:
                                          for k in ("decision", "reason", "candidate_success", "head_success")}}
         log.info("gate of %s's void candidate %s again: %s", state.plan.scenario, candidate_id[:12], state.last)
         return True
+
+    def _engine(self) -> EngineEndpoint | None:
+        return EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
+
+    def _append_round(self, entry: dict[str, Any]) -> None:
+        """One line of `learner/rounds.jsonl`, synced before the learner goes on."""
+        with self.rounds_file.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def _run_request(self, state: ScenarioLearner, request: RoundRequest, name: str) -> RoundResult | None:
         """Run `request` in a round process (its files named `name` in the scenario's learner folder);

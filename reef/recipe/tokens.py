@@ -2,7 +2,9 @@
 a re-tokenization of the recorded text (which can split differently and drifts from the served
 logprobs).
 
-(The one exception: a report's `correction`, text that was never served, see `with_corrections`.)
+(The exceptions: a report's `correction`, text that was never served, see `with_corrections`; and a
+tool call sampled under guided decoding, whose served tokens are the JSON the grammar forced, not
+what the model writes unconstrained, see `assistant_turn_ids`.)
 
 Too long for `max_length`: the prompt is cut from the LEFT, so the completion (what is trained)
 and the context right before it stay whole. Only a completion longer than `max_length` by itself
@@ -11,6 +13,7 @@ loses its end; `CutStats` counts both cases for candidate.json.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +67,43 @@ def with_corrections(samples: pl.DataFrame, tokenizer: Any, min_score: float | N
     fixes = fixes.with_columns(completion_ids=pl.Series(ids, dtype=samples.schema["completion_ids"]),
                                text=pl.col("correction"))
     return pl.concat([kept, fixes.select(kept.columns)]), fixes.height
+
+
+def assistant_turn_ids(tokenizer: Any, messages: list[dict[str, Any]], reply: dict[str, Any],
+                       tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The ids the chat template gives the assistant turn `reply` (content and `tool_calls`) after
+    `messages`: what follows the generation prompt, up to and including the end-of-turn token.
+
+    For a reply whose served tokens are not what the model should learn to write: a tool call that
+    vLLM's guided decoding (`tool_choice: "required"`) produced as bare JSON is trained as the markup
+    the template writes for that call (`<tool_call>...</tool_call>`), the form the tool-call parser
+    reads from an unconstrained reply. ValueError when the template renders the conversation's start
+    differently once the turn is added (the prompt ids would not be a prefix)."""
+    turn = {"role": "assistant", "content": reply.get("content") or ""}
+    if reply.get("tool_calls"):
+        turn["tool_calls"] = [_template_call(call) for call in reply["tool_calls"]]
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([*messages, turn], tools=tools, tokenize=False, add_generation_prompt=False)
+    if not full.startswith(prompt):
+        raise ValueError("the chat template renders the conversation differently once the assistant turn is added")
+    rest = full[len(prompt):]
+    eos = tokenizer.eos_token
+    if eos and eos in rest:  # the turn ends at its end token; what follows belongs to the next turn
+        rest = rest[: rest.index(eos) + len(eos)]
+    return list(tokenizer.encode(rest, add_special_tokens=False))
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call with its `arguments` decoded: templates write a dict as JSON, and would
+    write the string vLLM sends as a quoted string."""
+    fn = dict(call.get("function") or {})
+    arguments = fn.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            fn["arguments"] = json.loads(arguments or "{}")
+        except ValueError:
+            pass  # not JSON: the template writes it as it is
+    return {"type": "function", "function": fn, **({"id": call["id"]} if call.get("id") else {})}
 
 
 def sft_examples(samples: pl.DataFrame, max_length: int, stats: CutStats | None = None) -> datasets.Dataset:

@@ -1,0 +1,108 @@
+"""The learner's ladder, first rung: explore instead of waiting when live rewards are rare.
+
+A scenario's own recipe (rft, online_rl, ...) waits for `min_rewarded` rewarded records (see
+reef.learn.plan.Thresholds). When its live traffic shows that rewards are rare, at least
+`learner.explore.min_reports` reported records of which fewer than `min_rewarded` earned one, the
+learner runs an exploration round instead (`learner.explore.recipe`, `explore`: the policy's own
+rollouts on the scenario's practice tasks, scored by its reward, the successes fine-tuned), whose
+candidate goes through the same gate and release policy as any other. The reason shows in
+`reef status`, e.g. `exploring: 0 of 4 rewarded in 20 reported records`.
+
+Only where it fits: the scenario declares a reward and `tasks:` with practice tasks (not all in
+its eval suite), has no environment (exploration samples one model turn), its recipe trains a LoRA
+(what exploration makes: a full-weight round would start over from the base model) and waits for
+rewarded records, and the learner has an engine to sample through. Rounds are spaced: `retry_s`
+after each, doubled after each one that released nothing (up to 8x), so a scenario the policy
+cannot solve does not explore back to back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from reef.config import ServeConfig
+from reef.config.serve import ExploreSettings
+from reef.learn.plan import RoundPlan, Thresholds, plan_round
+from reef.recipe.practice import practice_tasks
+from reef.scenario import ScenarioError
+from reef.scenario.schema import RecipeSpec
+
+if TYPE_CHECKING:
+    from reef.recipe.base import Recipe
+
+MAX_BACKOFF = 8
+
+
+def explore_reason(counts: dict[str, int], thresholds: Thresholds, min_reports: int) -> str | None:
+    """Why an exploration round is due on these counts (reef.learn.pending), or None: the recipe waits
+    for rewarded records, fewer than it wants are rewarded, and at least `min_reports` are reported."""
+    want, rewarded = thresholds.rewarded, counts.get("rewarded", 0)
+    reported = rewarded + counts.get("unrewarded", 0)
+    if want == 0 or rewarded >= want or reported < min_reports:
+        return None
+    return f"exploring: {rewarded} of {want} rewarded in {reported} reported records"
+
+
+def exploration_plan(config: ServeConfig, scenario: str, plan: RoundPlan, recipe: Recipe | None,
+                     thresholds: Thresholds) -> RoundPlan | None:
+    """The exploration round for a scenario whose round is `plan`, or None where exploring does not fit
+    (see the module docstring). A recipe that cannot take `learner.explore.params` raises ValueError."""
+    settings = config.learner.explore
+    if not settings.enabled or thresholds.rewarded == 0 or recipe is None or recipe.config.kind != "lora":
+        return None
+    declared = config.scenario(scenario)
+    if declared.reward is None or declared.tasks is None or declared.environment is not None:
+        return None
+    try:
+        practice_tasks(declared)
+    except (ScenarioError, OSError, ValueError):
+        return None
+    spec = RecipeSpec(recipe=settings.recipe, params={"kind": "lora", **settings.params})
+    out = plan_round(scenario, spec, base_model=plan.base_model, data_dir=plan.data_dir, import_dirs=plan.import_dirs)
+    out.load_recipe()  # its params checked before the server serves
+    return out
+
+
+@dataclass
+class Exploration:
+    """One scenario's exploration rung: its plan, when it may run next, and why it is due."""
+
+    plan: RoundPlan
+    settings: ExploreSettings
+    rounds: int = 0
+    fruitless: int = 0  # rounds in a row that released nothing
+    next_at: float = 0.0  # time.time() before which no exploration round starts
+    reason: str | None = None  # set while one is due or running
+    last: dict[str, Any] | None = None
+
+    def check(self, counts: dict[str, int], thresholds: Thresholds, waiting: str | None,
+              now: float | None = None) -> str | None:
+        """The reason an exploration round is due now (None: the scenario's own round is due, rewards
+        are not rare, or the last exploration was too recent)."""
+        now = time.time() if now is None else now
+        reason = explore_reason(counts, thresholds, self.settings.min_reports) if waiting is not None else None
+        self.reason = reason if reason is not None and now >= self.next_at else None
+        return self.reason
+
+    def finished(self, status: str | None, released: str | None, now: float | None = None) -> None:
+        """After an exploration round (status None: it failed): space the next one."""
+        now = time.time() if now is None else now
+        self.rounds += 1
+        self.fruitless = 0 if released else self.fruitless + 1
+        self.next_at = now + self.settings.retry_s * min(2 ** max(self.fruitless - 1, 0), MAX_BACKOFF)
+        self.last = {"status": status or "failed", "release": released, "at": now}
+        self.reason = None
+
+    def describe(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        return {"recipe": self.plan.recipe, "rounds": self.rounds, "last": self.last,
+                "next_in_s": max(0.0, round(self.next_at - now, 1))}
+
+
+def exploration_for(config: ServeConfig, name: str, plan: RoundPlan, recipe: Recipe | None,
+                    thresholds: Thresholds) -> Exploration | None:
+    explore = exploration_plan(config, name, plan, recipe, thresholds)
+    return Exploration(explore, config.learner.explore) if explore is not None else None
+
