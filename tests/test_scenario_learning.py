@@ -122,7 +122,7 @@ def _serve_yaml(folder: Path, learner: bool) -> None:
     }, sort_keys=False))
 
 
-def _greedy(gw: Gateway, scenario: str, n: int = 8) -> list[str]:
+def _greedy(gw: Gateway, scenario: str, n: int = 16) -> list[str]:
     client = gw.client(**{"x-reef-scenario": scenario})
     return [client.chat.completions.create(model=MODEL_NAME, messages=t.messages, max_tokens=12, temperature=0)
             .choices[0].message.content for t in demo.eval_tasks()[:n]]
