@@ -147,6 +147,9 @@ def run_arm(example: str, nice: int, work: Path, args: argparse.Namespace) -> di
     try:
         with httpx.Client(base_url=server.url, timeout=15.0) as http:
             while time.time() - first_chat < args.budget_s:
+                if time.time() > args.deadline:
+                    stopped_by = "total-s"
+                    break
                 time.sleep(2.0)
                 try:
                     status = http.get("/reef/status").json()
@@ -288,7 +291,8 @@ def report(arms: list[dict[str, Any]]) -> list[Table | Text]:
             kinds[span["kind"]] = kinds.get(span["kind"], 0) + 1
         idle, rnd = s["classes"]["idle"], s["classes"]["round"]
         release = (f"{s['release_s'] / 60:.1f} min" if s["release_s"] is not None
-                   else f"none in {(arm['stopped_at'] - arm['first_chat']) / 60:.1f} min")
+                   else f"none in {(arm['stopped_at'] - arm['first_chat']) / 60:.1f} min"
+                   + (" (cut by --total-s)" if arm["stopped_by"] == "total-s" else ""))
         verdicts.append(Text.from_markup(
             f"round_nice {arm['nice']}: " + ("[green]ok[/green]" if s["gain_ok"] else "[red]MISSED[/red]")
             + f" held-out +{100 * GAIN:.0f} points released within {WITHIN_S / 60:.0f} min; "
@@ -339,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=4, help="simulated users, each one chat after the other")
     parser.add_argument("--budget-s", type=float, default=1200.0, help="per arm, from the first chat")
     parser.add_argument("--nice", default="10,0", help="comma-separated learner.round_nice arms, run in this order")
+    parser.add_argument("--total-s", type=float, default=None, help="wall limit for all arms together: an arm still "
+                        "running then stops, marked as cut (default: none)")
     parser.add_argument("--workdir", type=Path, help="keep each arm's server data here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=OUT / "live_learning.json")
     parser.add_argument("--report-only", action="store_true", help="no run: print and publish what --out holds")
@@ -347,10 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         publish(args, "live_learning", *report(json.loads(args.out.read_text())))
         return 0
+    args.deadline = time.time() + args.total_s if args.total_s else float("inf")
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="reef-live-learning-"))).resolve()
     arms = []
     try:
         for nice in (int(n) for n in args.nice.split(",") if n.strip()):
+            if time.time() > args.deadline - 300:
+                console.print(f"[yellow]arm nice {nice} not run: under 5 minutes of --total-s left[/yellow]")
+                continue
             arms.append(run_arm(args.example, nice, work / f"nice{nice}", args))
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(arms, default=str))  # each arm saved as soon as it ends
