@@ -8,11 +8,12 @@ For each `--nice` arm: `reef serve` on SmolLM2-135M-Instruct in a temporary work
 example's serve.yaml (examples/<name>/, its files beside it), the learner on (exploration on,
 `round_nice` the arm's) and every scenario under `policy: auto`; `--users` simulated users, each
 one chat after the other at the scenario's eval temperature, scoring replies with its reward and
-reporting the score, never a correction (reef.traffic.simulate, `corrections=False`). The arm stops
-at the first release or `--budget-s` after the first chat.
+reporting the score, never a correction (reef.traffic.simulate, `corrections=False`), after
+`--idle-s` of chats without reports (no round can start: the idle latency's baseline). The arm
+stops at the first release or `--budget-s` after the first reported chat.
 
 Figures: held-out success of what served before and of the first release (the gate's numbers), the
-minutes from the first chat to that release, the rounds (exploration or the scenario's own recipe)
+minutes from the first reported chat to that release, the rounds (exploration or the scenario's own recipe)
 and their wall time, and the users' latency (p50/p95 of a whole chat completion as the client waited
 for it) while no round runs against while one runs (a chat that overlaps a round's process counts
 as during it; a round's phases come from its round-events log). Targets (issue 35): a gain of at
@@ -32,6 +33,7 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -91,6 +93,7 @@ class Users:
         self.latencies: list[tuple[float, float]] = []  # (sent, seconds)
         self.scores: list[tuple[float, float]] = []  # (time the call ended, score)
         self.errors = 0
+        self.reporting = threading.Event()  # until set, users score replies but report nothing: no round starts
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._all()), name="users", daemon=True)
 
@@ -111,7 +114,7 @@ class Users:
             try:
                 summary = await simulate_async(self.url, self.scenario, requests=CHATS_PER_CALL, concurrency=1,
                                                seed=10_007 * i + call, temperature=self.temperature, progress=False,
-                                               corrections=False)
+                                               corrections=False, report=self.reporting.is_set())
             except (httpx.HTTPError, OSError):
                 self.errors += 1
                 await asyncio.sleep(1.0)
@@ -142,6 +145,11 @@ def run_arm(example: str, nice: int, work: Path, args: argparse.Namespace) -> di
     rounds_file = server.data_dir / "learner" / "rounds.jsonl"
     polls: list[dict[str, Any]] = []
     users = Users(server.url, declared, args.users, temperature).start()
+    baseline_from = time.time()
+    if args.idle_s > 0:
+        console.print(f"  {args.idle_s:.0f} s of chats without reports first: the idle latency, no round can start")
+        time.sleep(args.idle_s)
+    users.reporting.set()
     first_chat = time.time()
     stopped_by = "budget"
     try:
@@ -158,7 +166,7 @@ def run_arm(example: str, nice: int, work: Path, args: argparse.Namespace) -> di
                 mine = (status.get("learner", {}).get("scenarios") or {}).get(name, {})
                 polls.append({"at": time.time(), "running": bool(mine.get("running")),
                               "exploring": mine.get("exploring"), "rounds": mine.get("rounds", 0),
-                              "waiting": mine.get("waiting"),
+                              "waiting": mine.get("waiting"), "load": os.getloadavg()[0],
                               "head": (status["scenarios"].get(name) or {}).get("serving_release")})
                 if len(polls) % 15 == 0:
                     live = [s for at, s in users.scores if at > time.time() - 60]
@@ -177,6 +185,7 @@ def run_arm(example: str, nice: int, work: Path, args: argparse.Namespace) -> di
         rounds = read_jsonl(rounds_file)
         server.stop()
     return {"example": example, "scenario": name, "nice": nice, "users": args.users, "temperature": temperature,
+            "baseline_from": baseline_from, "loadavg": [p["load"] for p in polls],
             "budget_s": args.budget_s, "serve_start_s": round(serve_start_s, 1), "first_chat": first_chat,
             "stopped_at": stopped_at, "stopped_by": stopped_by, "latencies": users.latencies, "scores": users.scores,
             "errors": users.errors, "polls": polls, "rounds": rounds, "events": events}
@@ -229,11 +238,14 @@ def _overlaps(sent: float, seconds: float, span: tuple[float, float]) -> bool:
 
 
 def latency_classes(arm: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"idle": [], "round": [], "round: sampling + training": [], "round: gate": []}
+    out: dict[str, list[float]] = {"idle": [], "idle, before any report": [], "round": [],
+                                   "round: sampling + training": [], "round: gate": []}
     for sent, seconds in arm["latencies"]:
         during = [s for s in spans if _overlaps(sent, seconds, (s["start"], s["end"]))]
         if not during:
             out["idle"].append(seconds)
+            if sent + seconds <= arm["first_chat"]:
+                out["idle, before any report"].append(seconds)
             continue
         out["round"].append(seconds)
         if any(_overlaps(sent, seconds, s["gate_phase"]) for s in during):
@@ -308,7 +320,7 @@ def report(arms: list[dict[str, Any]]) -> list[Table | Text]:
                      f"{s['live']['chats']} ({s['live']['rewarded']})")
     parts: list[Table | Text] = [side, *verdicts]
     for arm, s in zip(arms, sums, strict=True):
-        detail = Table(title=f"round_nice {arm['nice']}: each round (minutes from the first chat)")
+        detail = Table(title=f"round_nice {arm['nice']}: each round (minutes from the first reported chat)")
         for col in ("kind", "status", "started", "wall s", "train s", "rollouts rewarded", "examples", "gate",
                     "head held-out", "candidate held-out", "released"):
             detail.add_column(col, justify="right")
@@ -327,9 +339,13 @@ def report(arms: list[dict[str, Any]]) -> list[Table | Text]:
             lat.add_row(what, str(c["n"]), _f(c["p50"]), _f(c["p95"]),
                         _f(c["p50"] / idle50 if c["p50"] is not None and idle50 else None, "{:.2f}x"))
         parts.append(lat)
-    note = Text(f"Stopped at the first release or the budget ({first['budget_s']:.0f} s after the first chat); "
-                f"held-out figures are the gate's (head before, the released candidate after); a chat that overlaps "
-                f"a round process counts as during it. Serve start: "
+    note = Text(f"Stopped at the first release or the budget ({first['budget_s']:.0f} s after the first reported chat, "
+                f"after {first['first_chat'] - first['baseline_from']:.0f} s of chats without reports: the idle "
+                f"baseline); load average (1 min) while it ran: "
+                + ", ".join(f"{statistics.fmean(a['loadavg']):.1f} mean, {max(a['loadavg']):.1f} max (nice {a['nice']})"
+                            for a in arms if a["loadavg"]) + "; "
+                "held-out figures are the gate's (head before, the released candidate after); a chat that overlaps "
+                "a round process counts as during it. Serve start: "
                 + ", ".join(f"{a['serve_start_s']:.0f} s (nice {a['nice']})" for a in arms) + ".")
     parts.append(note)
     for part in parts:
@@ -343,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=4, help="simulated users, each one chat after the other")
     parser.add_argument("--budget-s", type=float, default=1200.0, help="per arm, from the first chat")
     parser.add_argument("--nice", default="10,0", help="comma-separated learner.round_nice arms, run in this order")
+    parser.add_argument("--idle-s", type=float, default=90.0, help="chats without reports first (no round can "
+                        "start): the idle latency's baseline; the budget and the release time count from their end")
     parser.add_argument("--total-s", type=float, default=None, help="wall limit for all arms together: an arm still "
                         "running then stops, marked as cut (default: none)")
     parser.add_argument("--workdir", type=Path, help="keep each arm's server data here (default: a temporary folder)")
@@ -353,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         publish(args, "live_learning", *report(json.loads(args.out.read_text())))
         return 0
+    # A SIGTERM (or a SIGINT where the shell ignores it) stops the arm's server through the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.deadline = time.time() + args.total_s if args.total_s else float("inf")
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="reef-live-learning-"))).resolve()
     arms = []
