@@ -223,11 +223,12 @@ def round_spans(arm: dict[str, Any]) -> list[dict[str, Any]]:
             "candidate": gate.get("candidate_success"), "release": entry.get("release")})
     running = [p for p in arm["polls"] if p["running"] and not any(s["start"] <= p["at"] <= s["end"] for s in spans)]
     if running:
-        start = running[0]["at"]
+        # It ran on until the server stopped, after the users' last chats.
+        start, end = running[0]["at"], max([arm["stopped_at"], *(sent + s for sent, s in arm["latencies"])])
         spans.append({"kind": "exploration" if any(p["exploring"] for p in running) else "own recipe",
-                      "status": "running when stopped", "start": start, "end": arm["stopped_at"],
-                      "seconds": arm["stopped_at"] - start, "train": (start, arm["stopped_at"]),
-                      "gate_phase": (arm["stopped_at"], arm["stopped_at"]), "train_runtime": None, "rollouts": None,
+                      "status": "running when stopped", "start": start, "end": end,
+                      "seconds": arm["stopped_at"] - start, "train": (start, end),
+                      "gate_phase": (end, end), "train_runtime": None, "rollouts": None,
                       "rewarded_rollouts": None, "examples": None, "decision": None, "head": None, "candidate": None,
                       "release": None})
     return spans
