@@ -127,6 +127,9 @@ class LearnerConfig(_Strict):
                               "new round of its scenario; then it stays void until someone runs `reef gate`")
     explore: ExploreSettings = Field(default_factory=ExploreSettings, description="exploration rounds while live "
                                      "rewards are rare (false: off)")
+    round_nice: int = Field(default=10, ge=0, le=19, description="the niceness added to each round process (training, "
+                            "the gate's scoring): on a few cores the engine and the gateway, which serve users, "
+                            "win the CPU while a round trains; 0: the round runs at the server's priority")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,6 +17,8 @@ one core busy and the gateway the other; two training processes would share the 
 taking twice as long (and twice the memory, each gate loading two models), so concurrency would
 only delay every scenario's first candidate. The gateway only polls the counts, so serving never
 waits for a round, and another scenario's releases (API, dashboard, canary) go on while one trains.
+The round process runs `learner.round_nice` steps below the server (one torch thread), so users'
+requests keep the CPU while it trains; its own engine requests are served beside the users'.
 
 A candidate the gate selects is released at once when its scenario's policy is `auto` (through the
 same publisher as the API, expecting the head the gate compared against); under `approval` it
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +73,19 @@ log = logging.getLogger("reef.learner")
 
 class LearnerConfigError(ValueError):
     """A scenario's recipe cannot be loaded with its params; names the scenario and key."""
+
+
+def round_preexec(nice: int) -> Callable[[], None]:
+    """A round process's `preexec_fn`: it dies with the server (die_with_parent) and runs `nice` steps
+    below it (learner.round_nice). Training then takes only the CPU the engine and the gateway leave;
+    the round's own engine requests (rollouts, the gate) are served at the engine's priority."""
+
+    def preexec() -> None:
+        die_with_parent()
+        if nice > 0:
+            os.nice(nice)
+
+    return preexec
 
 
 def eligible(pending: dict[str, int]) -> int:
@@ -380,7 +396,8 @@ class Learner:
         cmd = [sys.executable, "-m", "reef.learn.round", "--request", str(request_file), "--out", str(out)]
         with log_path.open("ab") as log_file:
             self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                             env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
+                                             env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                             preexec_fn=round_preexec(self.config.learner.round_nice))
             code = self._process.wait()
         if code != 0 or not out.is_file():
             state.last_error = f"{name} process exited with code {code}; see {log_path}"

@@ -11,7 +11,9 @@ many times one user reacts (a doubt asks the model again; a thank-you ends the c
 its reply). A reply the reward cannot score gets no report (counted as `unscored`) and no reaction.
 Where a task carries a `reference` reply, a user who rejects a reply to the task (not the reply
 to a thank-you) also reports it as the `correction` (the fix a labelling or review application
-sends): a target to learn from even while the model earns no reward at all.
+sends): a target to learn from even while the model earns no reward at all (`corrections=False`:
+never, the users of a rewards-only scenario). Each chat's start and duration, as the user waited for
+it, go to `summary.latencies`.
 
 For a scenario with an `environment`, each user is an agent instead: its session (`x-reef-session`)
 runs model turns until the final answer, the environment executing every tool call on the client
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -62,6 +65,7 @@ class SimulationSummary:
     unscored: int = 0
     scores: list[float] = field(default_factory=list)
     sessions: dict[str, list[str]] = field(default_factory=dict)  # first record id -> record ids
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (time.time() sent, seconds) per chat
 
     @property
     def mean_score(self) -> float:
@@ -83,7 +87,7 @@ class SimulationSummary:
 async def _one_user(
     client: openai.AsyncOpenAI, http: httpx.AsyncClient, model: str, task: Task, reward: RewardFn,
     reactions: int, summary: SimulationSummary, temperature: float, max_tokens: int, report: bool,
-    budget: list[int],
+    budget: list[int], corrections: bool = True,
 ) -> None:
     messages: list[dict[str, Any]] = list(task["messages"])
     extra = {"tools": task["tools"]} if task.get("tools") else {}
@@ -92,9 +96,11 @@ async def _one_user(
         if budget[0] <= 0:
             break
         budget[0] -= 1
+        sent, t0 = time.time(), time.perf_counter()
         raw = await client.chat.completions.with_raw_response.create(
             model=model, messages=messages, max_tokens=max_tokens, temperature=temperature, **extra,  # type: ignore[arg-type]
         )
+        summary.latencies.append((sent, time.perf_counter() - t0))
         completion = raw.parse()
         record_id = raw.headers["x-reef-agent-record-id"]
         reply = completion.choices[0].message.content or ""
@@ -112,7 +118,7 @@ async def _one_user(
                     "metadata": metadata}
             # The reply to a thank-you answers the thanks, not the task: the task's reference is no fix for it.
             thanked = messages[-1].get("content") == THANKS
-            if not thanked and (fix := correction(task, score.value, SATISFIED)) is not None:
+            if corrections and not thanked and (fix := correction(task, score.value, SATISFIED)) is not None:
                 body["correction"] = fix
             resp = await http.post("/reef/report", json=body)
             resp.raise_for_status()
@@ -137,10 +143,12 @@ async def _one_agent(
     extra = {"tools": task["tools"]} if task.get("tools") else {}
     record_ids = []
     while not state.done:
+        sent, t0 = time.time(), time.perf_counter()
         raw = await client.chat.completions.with_raw_response.create(
             model=model, messages=state.messages, max_tokens=max_tokens, temperature=temperature,  # type: ignore[arg-type]
             extra_headers={"x-reef-session": session_id}, **extra,
         )
+        summary.latencies.append((sent, time.perf_counter() - t0))
         record_ids.append(raw.headers["x-reef-agent-record-id"])
         summary.requests += 1
         await asyncio.to_thread(state.advance, raw.parse().choices[0].message.model_dump(exclude_none=True))
@@ -166,10 +174,12 @@ async def simulate_async(
     url: str, scenario: str | Scenario, requests: int = 200, concurrency: int = 8, seed: int = 0,
     follow_up_share: float = 0.2, temperature: float = 1.0, progress: bool = True,
     config: ServeConfig | None = None, max_tokens: int | None = None, report: bool = True, reactions: int = 1,
+    corrections: bool = True,
 ) -> SimulationSummary:
     """`scenario` is a name declared by a package or `config` (serve.yaml), or a `reef.Scenario`.
     Replies are at most `max_tokens` long (default: the eval suite's `max_new_tokens`, else 64).
-    `requests` chats in all, follow-up turns included."""
+    `requests` chats in all, follow-up turns included. `corrections=False`: scores only, never a task's
+    reference as a correction (a rewards-only scenario)."""
     declared = _declared(scenario, config)
     tasks = list(training_tasks(declared))
     random.Random(seed).shuffle(tasks)
@@ -200,7 +210,7 @@ async def simulate_async(
                     elif budget[0] > 0:
                         react = reactions if rng.random() < follow_up_share else 0
                         await _one_user(client, http, model, tasks[i % len(tasks)], reward, react, summary,
-                                        temperature, max_tokens, report, budget)
+                                        temperature, max_tokens, report, budget, corrections)
                 except (openai.APIError, httpx.HTTPError):
                     summary.errors += 1
                 bar.update((len(summary.sessions) if agents else summary.requests) - bar.n)
