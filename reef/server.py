@@ -61,6 +61,12 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def loopback_url(config: ServeConfig) -> str:
+    """This server's own base URL as a process on the same machine reaches it."""
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    return f"http://[{host}]:{config.port}" if ":" in host else f"http://{host}:{config.port}"
+
+
 def serve(config: ServeConfig) -> None:
     # Until uvicorn installs its own handlers, SIGTERM must unwind through the `finally` below.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -94,7 +100,8 @@ def serve(config: ServeConfig) -> None:
                                     state.canaries)
         if plans is not None:
             # The gate generates with the engine itself (vLLM), never through the recording gateway.
-            learner = state.learner = Learner(config, plans, engine_url=base_url, engine_model=config.model_name)
+            learner = state.learner = Learner(config, plans, engine_url=base_url, engine_model=config.model_name,
+                                              users_url=f"{loopback_url(config)}/metrics")
         seed_sessions(state.sessions, data_dir)
         if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("serving on %s with no api_keys: anyone who reaches it can call /v1 and report", config.host)

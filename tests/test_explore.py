@@ -15,14 +15,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from recipes.explore.recipe import (
-    Rollout,
-    guided_share,
-    rollout_metrics,
-    target_ids,
-    training_rows,
-    write_rollouts,
-)
+from recipes.explore.recipe import SOURCE, target_ids, training_rows
 from reef.config import ServeConfig
 from reef.config.serve import ExploreSettings
 from reef.experience.store import ExperienceStore
@@ -31,6 +24,7 @@ from reef.learn.learner import Learner
 from reef.learn.plan import RoundPlan, Thresholds
 from reef.model.chat_format import CHAT_TEMPLATE as TINY_TEMPLATE
 from reef.model.smollm2 import CHAT_TEMPLATE as SMOLLM2_TEMPLATE
+from reef.recipe.rollouts import Rollout, guided_share, rollout_metrics, write_rollouts
 from reef.recipe.tokens import assistant_turn_ids
 from reef.sampling.completion import Completion
 from reef.sampling.engine_tokens import EngineSample, read_samples
@@ -92,19 +86,20 @@ def test_engine_samples_keep_ids_logprobs_and_the_parsed_call() -> None:
     assert (plain.completion.text, plain.completion.finish_reason) == ("hi", "length")
 
 
-def _rollout(i: int, guided: bool, ids: list[int], message: dict) -> Rollout:
-    return Rollout(i, f"t{i}", guided, EngineSample(Completion([1, 2], ids, "x", logprobs=[-0.1] * len(ids)), message))
+def _rollout(i: int, guided: bool, ids: list[int], message: dict, score: float | None) -> Rollout:
+    return Rollout(i, f"t{i}", guided, EngineSample(Completion([1, 2], ids, "x", logprobs=[-0.1] * len(ids)), message),
+                   score)
 
 
 def test_rollouts_are_written_with_provenance_and_successes_become_examples(tmp_path: Path) -> None:
     tok = byte_tokenizer(SMOLLM2_TEMPLATE)
     tasks = {0: {"task_id": "t0", "messages": ASK, "tools": TOOLS}, 1: {"task_id": "t1", "messages": ASK}}
     plain = {"role": "assistant", "content": "x"}
-    rollouts = [_rollout(0, True, [9, 9, 9], CALL), _rollout(0, False, [4, 5], plain),
-                _rollout(1, False, [4, 5], plain), _rollout(1, False, [4, 5], plain), _rollout(1, False, [6], plain)]
-    scores = [1.0, 0.0, 1.0, 1.0, None]
-    targets = [target_ids(r, tasks, tok) if s == 1.0 else [] for r, s in zip(rollouts, scores, strict=True)]
-    path = write_rollouts(tmp_path / "rollouts", rollouts, scores, targets, 1.0)
+    rollouts = [_rollout(0, True, [9, 9, 9], CALL, 1.0), _rollout(0, False, [4, 5], plain, 0.0),
+                _rollout(1, False, [4, 5], plain, 1.0), _rollout(1, False, [4, 5], plain, 1.0),
+                _rollout(1, False, [6], plain, None)]
+    targets = [target_ids(r, tasks, tok) if r.score == 1.0 else [] for r in rollouts]
+    path = write_rollouts(tmp_path / "rollouts", rollouts, targets, 1.0, SOURCE)
     back = datasets.load_dataset("parquet", data_files=str(path), split="train")
     assert len(back) == 5 and set(back["source"]) == {"exploration"}
     assert back[0]["guided"] and back[0]["completion_ids"] == [9, 9, 9] and back[0]["logprobs"] == [-0.1] * 3
@@ -112,7 +107,7 @@ def test_rollouts_are_written_with_provenance_and_successes_become_examples(tmp_
     assert tok.decode(back[0]["target_ids"]).startswith("<tool_call>")  # the markup, not the served JSON
     assert back[2]["target_ids"] == [4, 5] and back[1]["target_ids"] == []  # exactly as sampled; not kept
     assert back["reward"] == [1.0, 0.0, 1.0, 1.0, None] and back["success"] == [True, False, True, True, False]
-    assert rollout_metrics(rollouts, scores, 1.0) == {
+    assert rollout_metrics(rollouts, 1.0) == {
         "rollouts": 5, "successes": 3, "success_rate": 0.6, "guided_rollouts": 1, "guided_successes": 1,
         "unscored_rollouts": 1, "explored_tasks": 2, "tool_call_rollouts": 1}
 
@@ -215,3 +210,21 @@ def test_exploration_backs_off_after_rounds_that_release_nothing() -> None:
     assert rung.check(rare, rft, None, now=rung.next_at) is None  # the own round is due: it goes first
     rung.finished("trained", "weather@r1", now=1000.0)
     assert rung.next_at == 1010.0 and rung.fruitless == 0
+
+
+def test_exploration_turns_to_on_policy_rl_once_successes_are_not_rare() -> None:
+    explore, grpo = RoundPlan(scenario=S, recipe="explore"), RoundPlan(scenario=S, recipe="grpo")
+    rung = Exploration(explore, ExploreSettings(rl_above=0.25), rl=grpo)
+    assert rung.next_plan is explore
+    # A tool scenario: only guided calls passed, none unasked: still expert iteration.
+    rung.finished("trained", "w@r1", now=0.0, metrics={"rollouts": 64, "successes": 12, "guided_rollouts": 32,
+                                                        "guided_successes": 12})
+    assert rung.next_plan is explore
+    rung.finished("trained", "w@r2", now=1.0, metrics={"rollouts": 64, "successes": 20, "guided_rollouts": 32,
+                                                        "guided_successes": 10})  # 10 of 32 unasked
+    assert rung.next_plan is grpo and rung.describe(now=1.0)["recipe"] == "grpo"
+    rung.finished("nothing_new", None, now=2.0, metrics=None)  # says nothing: the rung stays
+    assert rung.next_plan is grpo
+    rung.finished("trained", None, now=3.0, metrics={"rollouts": 32, "successes": 2})  # rare again
+    assert rung.next_plan is explore
+    assert Exploration(explore, ExploreSettings(), rl=None).next_plan is explore  # rl_recipe: null

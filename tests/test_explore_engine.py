@@ -124,6 +124,13 @@ def test_explore_samples_scores_records_and_trains(vllm_url: str, serving_model:
     assert cand.kind == "lora" and m["train_samples"] >= 1 and m["snapshot_records"] == 0
     assert _temporary(vllm_url) == []
 
+    # A round stops sampling once enough rollouts passed: one worker, so nothing else is in flight.
+    cand = _run({**common, "samples": 4, "max_prompts": 8, "max_new_tokens": 16, "enough": 1, "concurrency": 1},
+                demo_add, engine, tmp_path, "enough")
+    m = cand.metrics
+    assert m["sampling_stopped"].startswith("enough passed: ") and m["sampling_stopped"].endswith("(enough: 1)"), m
+    assert m["successes"] >= 1 and m["rollouts"] < 32 and len(_rollouts(cand.path)) == m["rollouts"]
+
 
 def test_the_learner_explores_while_live_rewards_are_rare(make_gateway) -> None:  # noqa: ANN001
     # Live traffic reported, none of it rewarded: the scenario's rft would wait; the learner's

@@ -96,11 +96,27 @@ class ExploreSettings(_Strict):
                              "rewarded, before rewards count as rare")
     retry_s: float = Field(default=300.0, gt=0, description="the wait after an exploration round before the next; "
                            "doubled after each that released nothing (up to 8x)")
+    rl_recipe: str | None = Field(default="grpo", description="the on-policy RL recipe an exploration round "
+                                  "becomes once successes are not rare; null: always `recipe`")
+    rl_params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (num_generations, "
+                                      "prompts_per_step, max_steps, ...)")
+    rl_above: float = Field(default=0.25, gt=0, le=1, description="the share of the last exploration round's "
+                            "unguided rollouts that passed at or above which the next one is `rl_recipe`'s")
 
     @model_validator(mode="before")
     @classmethod
     def _flag(cls, data: Any) -> Any:
         return {"enabled": data} if isinstance(data, bool) else data
+
+
+class ShareSettings(_Strict):
+    """How a round's engine requests (rollouts, the gate's replies) share the engine with users
+    (reef.sampling.sharing): counted in sequences, a request's `n` choices being `n`."""
+
+    beside_users: int | None = Field(default=1, ge=1, description="a round's sequences in flight while the engine "
+                                     "serves anyone else; null: no yielding (a GPU engine with room to spare)")
+    alone: int | None = Field(default=8, ge=1, description="a round's sequences in flight while it serves no one "
+                              "else (a user who arrives waits behind them); null: the recipe's or gate's concurrency")
 
 
 class LearnerConfig(_Strict):
@@ -130,6 +146,8 @@ class LearnerConfig(_Strict):
     round_nice: int = Field(default=10, ge=0, le=19, description="the niceness added to each round process (training, "
                             "the gate's scoring): on a few cores the engine and the gateway, which serve users, "
                             "win the CPU while a round trains; 0: the round runs at the server's priority")
+    share: ShareSettings = Field(default_factory=ShareSettings, description="users first: how many of a round's "
+                                 "engine requests run beside users' ones")
 
     @model_validator(mode="before")
     @classmethod

@@ -38,6 +38,9 @@ class GatewayMetrics:
             "reef_unflushed_records", "Records durable in the WAL but not yet in parquet", ["scenario"],
             registry=self.registry,
         )
+        # Read by the learner's rounds, which hold their own engine requests back while users wait
+        # (reef.sampling.sharing); set when scraped, so a call costs nothing more.
+        self.in_flight = Gauge("reef_requests_in_flight", "Client calls being served now", registry=self.registry)
 
     def chat(self, scenario: str) -> ChatMetrics:
         """Bound once per scenario (admission caps how many there are): `labels()` takes a lock and

@@ -8,6 +8,11 @@ rollouts on the scenario's practice tasks, scored by its reward, the successes f
 candidate goes through the same gate and release policy as any other. The reason shows in
 `reef status`, e.g. `exploring: 0 of 4 rewarded in 20 reported records`.
 
+Once successes are not rare (at least `rl_above` of the last exploration round's unguided rollouts
+passed), the next exploration round is on-policy RL instead (`learner.explore.rl_recipe`, `grpo`:
+TRL's GRPOTrainer sampling the trained policy through the engine), and back to expert iteration
+should that share fall again.
+
 Only where it fits: the scenario declares a reward and `tasks:` with practice tasks (not all in
 its eval suite), has no environment (exploration samples one model turn), its recipe trains a LoRA
 (what exploration makes: a full-weight round would start over from the base model) and waits for
@@ -59,10 +64,28 @@ def exploration_plan(config: ServeConfig, scenario: str, plan: RoundPlan, recipe
         practice_tasks(declared)
     except (ScenarioError, OSError, ValueError):
         return None
-    spec = RecipeSpec(recipe=settings.recipe, params={"kind": "lora", **settings.params})
+    return _plan(settings.recipe, settings.params, scenario, plan)
+
+
+def rl_plan(config: ServeConfig, scenario: str, plan: RoundPlan) -> RoundPlan | None:
+    """The on-policy RL round that follows exploration once successes are not rare (None: off)."""
+    settings = config.learner.explore
+    return _plan(settings.rl_recipe, settings.rl_params, scenario, plan) if settings.rl_recipe else None
+
+
+def _plan(recipe: str, params: dict[str, Any], scenario: str, plan: RoundPlan) -> RoundPlan:
+    spec = RecipeSpec(recipe=recipe, params={"kind": "lora", **params})
     out = plan_round(scenario, spec, base_model=plan.base_model, data_dir=plan.data_dir, import_dirs=plan.import_dirs)
     out.load_recipe()  # its params checked before the server serves
     return out
+
+
+def unguided_pass_rate(metrics: dict[str, Any] | None) -> float | None:
+    """The share of a round's unguided rollouts that passed (None: it sampled none, or said nothing)."""
+    if not metrics or "rollouts" not in metrics:
+        return None
+    tried = metrics["rollouts"] - metrics.get("guided_rollouts", 0)
+    return (metrics.get("successes", 0) - metrics.get("guided_successes", 0)) / tried if tried > 0 else None
 
 
 @dataclass
@@ -71,6 +94,8 @@ class Exploration:
 
     plan: RoundPlan
     settings: ExploreSettings
+    rl: RoundPlan | None = None  # the rung above, once successes are not rare
+    on_policy: bool = False  # the next round is `rl`'s
     rounds: int = 0
     fruitless: int = 0  # rounds in a row that released nothing
     next_at: float = 0.0  # time.time() before which no exploration round starts
@@ -86,9 +111,18 @@ class Exploration:
         self.reason = reason if reason is not None and now >= self.next_at else None
         return self.reason
 
-    def finished(self, status: str | None, released: str | None, now: float | None = None) -> None:
-        """After an exploration round (status None: it failed): space the next one."""
+    @property
+    def next_plan(self) -> RoundPlan:
+        return self.rl if self.on_policy and self.rl is not None else self.plan
+
+    def finished(self, status: str | None, released: str | None, now: float | None = None,
+                 metrics: dict[str, Any] | None = None) -> None:
+        """After an exploration round (status None: it failed): space the next one, and pick its rung
+        from how often the round's unguided rollouts passed."""
         now = time.time() if now is None else now
+        rate = unguided_pass_rate(metrics)
+        if rate is not None:
+            self.on_policy = rate >= self.settings.rl_above
         self.rounds += 1
         self.fruitless = 0 if released else self.fruitless + 1
         self.next_at = now + self.settings.retry_s * min(2 ** max(self.fruitless - 1, 0), MAX_BACKOFF)
@@ -97,12 +131,14 @@ class Exploration:
 
     def describe(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        return {"recipe": self.plan.recipe, "rounds": self.rounds, "last": self.last,
+        return {"recipe": self.next_plan.recipe, "rounds": self.rounds, "last": self.last,
                 "next_in_s": max(0.0, round(self.next_at - now, 1))}
 
 
 def exploration_for(config: ServeConfig, name: str, plan: RoundPlan, recipe: Recipe | None,
                     thresholds: Thresholds) -> Exploration | None:
     explore = exploration_plan(config, name, plan, recipe, thresholds)
-    return Exploration(explore, config.learner.explore) if explore is not None else None
+    if explore is None:
+        return None
+    return Exploration(explore, config.learner.explore, rl=rl_plan(config, name, plan))
 

@@ -153,7 +153,7 @@ class ScenarioLearner:
             self.exploring = False
             return self.plan
         self.exploring = True
-        return explore.plan
+        return explore.next_plan
 
     def explored(self, idle_at: int | None, rounds_before: int) -> None:
         """After an exploration round (`rounds_before`: the count before it; not more: it failed):
@@ -161,7 +161,7 @@ class ScenarioLearner:
         if not self.exploring or self.exploration is None:
             return
         last = (self.last or {}) if self.rounds > rounds_before else {}
-        self.exploration.finished(last.get("status"), last.get("release"))
+        self.exploration.finished(last.get("status"), last.get("release"), metrics=last.get("metrics"))
         self.idle_at, self.exploring = idle_at, False
 
     def describe(self) -> dict[str, Any]:
@@ -210,14 +210,16 @@ def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
 
 class Learner:
     def __init__(self, config: ServeConfig, scenarios: dict[str, ScenarioLearner] | None = None,
-                 engine_url: str | None = None, engine_model: str | None = None):
+                 engine_url: str | None = None, engine_model: str | None = None, users_url: str | None = None):
+        """`users_url`: where the gateway counts users' calls in flight (its /metrics), which rounds
+        yield to (learner.share); None: they do not."""
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.scenarios = scenarios if scenarios is not None else scenario_plans(config)
         if not (engine_url and engine_model):  # exploration samples through the engine
             for one in self.scenarios.values():
                 one.exploration = None
-        self.engine_url, self.engine_model = engine_url, engine_model
+        self.engine_url, self.engine_model, self.users_url = engine_url, engine_model, users_url
         self.publisher: Publisher | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dir = DataDir(self.data_dir).learner()
@@ -376,7 +378,11 @@ class Learner:
         return True
 
     def _engine(self) -> EngineEndpoint | None:
-        return EngineEndpoint(self.engine_url, self.engine_model) if self.engine_url and self.engine_model else None
+        if not (self.engine_url and self.engine_model):
+            return None
+        share = self.config.learner.share
+        return EngineEndpoint(self.engine_url, self.engine_model, beside_users=share.beside_users, alone=share.alone,
+                              users_url=self.users_url)
 
     def _append_round(self, entry: dict[str, Any]) -> None:
         """One line of `learner/rounds.jsonl`, synced before the learner goes on."""

@@ -36,6 +36,7 @@ import httpx
 from reef.core.chat import ChatError, ChatReply, achat, chat_body
 from reef.core.paths import DataDir
 from reef.engine.weights import EngineWeights
+from reef.sampling.sharing import EngineShare
 from reef.scenario.environment import Environment, EpisodeState, reply_text
 
 TEMP_PREFIX = "reef-gate-"
@@ -51,6 +52,12 @@ class EngineEndpoint:
 
     url: str  # base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
     model: str
+    # Users first (reef.sampling.sharing): sequences a session keeps in flight while users' calls are,
+    # and while none is, counted at `users_url` (the gateway's /metrics). None: no yielding (no users
+    # to protect), the caller's concurrency.
+    beside_users: int | None = None
+    alone: int | None = None
+    users_url: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -106,8 +113,8 @@ class EngineSession:
         self.engine = engine
         self.weights = EngineWeights(engine.base_url, timeout_s=timeout_s)
         self.http = httpx.AsyncClient(base_url=engine.base_url, timeout=timeout_s, limits=httpx.Limits(
-            max_connections=concurrency, max_keepalive_connections=concurrency))
-        self.limit = asyncio.Semaphore(concurrency)
+            max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1))  # +1: the share's /metrics
+        self.share = EngineShare(self.http, concurrency, engine.beside_users, engine.alone, engine.users_url)
         self.loaded: list[str] = []
 
     async def _json(self, path: str, **params: Any) -> Any:
@@ -229,7 +236,7 @@ class EngineSession:
         body = chat_body(model, messages, n=samples, max_tokens=max_tokens, temperature=temperature, seed=seed,
                          tools=tools, **pinned)
         try:
-            async with self.limit:
+            async with self.share.slot(samples):
                 try:
                     reply = await self._chat(body)
                 except ChatError as exc:

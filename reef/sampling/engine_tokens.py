@@ -3,8 +3,8 @@ rollouts): each choice's prompt and completion token ids, its behaviour logprobs
 untempered) and the message as vLLM's tool-call parser read it.
 
 Through an `EngineSession` (reef.sampling.engine): its adapters (the policy loaded under a
-temporary name) and its connection limit, which bounds how many of these requests the engine holds
-beside the users' at once.
+temporary name) and its share of the engine (reef.sampling.sharing), which bounds how many of
+these sequences the engine holds beside the users' at once.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def token_samples(session: EngineSession, model: str, messages: list[dict[
     `"none"` (the tools stay in the prompt, the reply is text)."""
     body = chat_body(model, messages, n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, tools=tools,
                      tool_choice=tool_choice, top_p=1.0, top_k=0, logprobs=True, return_token_ids=True)
-    async with session.limit:
+    async with session.share.slot(n):
         response = await _post(session, body)
         if response.status_code == 400 and "tool choice" in response.text and tool_choice is None and tools:
             response = await _post(session, {**body, "tool_choice": "none"})

@@ -68,4 +68,5 @@ async def metrics(request: Request) -> Response:
     st = get_state(request)
     for name, s in st.store.stats().items():
         st.metrics.unflushed.labels(name).set(s.unflushed_records)
+    st.metrics.in_flight.set(len(st.inflight))
     return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)

