@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import httpx
 import pytest
 import yaml
 
 from reef.demo import task as demo
-from reef.registry.harness import SHOTS_FILE
+from reef.registry.harness import SHOTS_FILE, Harness, inject
 from tests.helpers import MODEL_NAME, TINY, wait_for
 from tests.helpers.gateway import Gateway
 
@@ -78,3 +79,24 @@ def test_the_learner_shows_the_first_rewarded_replies_as_few_shot_examples(make_
         assert releases[-1]["content_id"] == releases[0]["content_id"]
     else:
         assert rnd["release"] is None and len(releases) == 1
+
+
+def test_a_tool_call_shot_is_sent_as_the_engine_takes_it(vllm_url: str) -> None:
+    # A rewarded call's shot is an assistant turn with tool_calls and no tool result after it:
+    # vLLM's OpenAI server takes it, and the chat template writes it as the model writes a call.
+    shot = {"user": "Weather in Oslo?", "assistant": "",
+            "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]}
+    harness = Harness("", {SHOTS_FILE: json.dumps(shot) + "\n"})
+    messages = inject([{"role": "user", "content": "Weather in Lima?"}], harness, "system_prepend")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    body = {"model": MODEL_NAME, "messages": messages, "tools": tools, "max_tokens": 4, "temperature": 0}
+    got = httpx.post(f"{vllm_url}/v1/chat/completions", json=body, timeout=60)
+    assert got.status_code == 200, got.text
+    tokenized = httpx.post(f"{vllm_url}/tokenize", json={k: body[k] for k in ("model", "messages", "tools")},
+                           timeout=60)
+    assert tokenized.status_code == 200, tokenized.text
+    text = httpx.post(f"{vllm_url}/detokenize", json={"model": MODEL_NAME, "tokens": tokenized.json()["tokens"]},
+                      timeout=60).json()["prompt"]
+    calls = [json.loads(c) for c in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.DOTALL)]
+    assert {"name": "get_weather", "arguments": {"city": "Oslo"}} in calls, text
