@@ -98,5 +98,5 @@ def test_a_tool_call_shot_is_sent_as_the_engine_takes_it(vllm_url: str) -> None:
     assert tokenized.status_code == 200, tokenized.text
     text = httpx.post(f"{vllm_url}/detokenize", json={"model": MODEL_NAME, "tokens": tokenized.json()["tokens"]},
                       timeout=60).json()["prompt"]
-    calls = [json.loads(c) for c in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.DOTALL)]
-    assert {"name": "get_weather", "arguments": {"city": "Oslo"}} in calls, text
+    written = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.DOTALL)
+    assert '{"name": "get_weather", "arguments": {"city": "Oslo"}}' in [" ".join(w.split()) for w in written], text
