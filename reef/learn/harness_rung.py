@@ -96,7 +96,7 @@ class HarnessRung:
     plan: RoundPlan
     settings: HarnessRungSettings
     rounds: int = 0
-    tried: list[str | None] = field(default_factory=list)  # head release ids a harness round ran against
+    tried: list[str] = field(default_factory=list)  # head release ids a harness round ran against
     head: str | None = None  # the head at the last check
     reason: str | None = None  # set while one is due or running
     last: dict[str, Any] | None = None
@@ -115,7 +115,7 @@ class HarnessRung:
     def finished(self, status: str | None, released: str | None, now: float | None = None) -> None:
         """After a harness round (status None: it failed): this head is tried, whatever came of it."""
         self.rounds += 1
-        if self.head not in self.tried:
+        if self.head is not None and self.head not in self.tried:
             self.tried.append(self.head)
         self.last = {"status": status or "failed", "release": released, "at": time.time() if now is None else now}
         self.reason = None
