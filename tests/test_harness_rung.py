@@ -24,6 +24,7 @@ from reef.recipe.harness_recipe import ProposalContext
 from reef.recipe.shots import Rewarded
 from reef.recipe.snapshot import Snapshot
 from reef.registry.artifacts import ArtifactStore
+from reef.registry.candidates import register_candidate
 from reef.registry.chain import ReleaseChain
 from reef.registry.harness import SHOTS_FILE, Harness, inject
 from reef.scenario import HarnessSpec, Scenario
@@ -139,6 +140,17 @@ def test_the_learner_shows_rewarded_replies_before_exploring_once_per_head(tmp_p
     mine = learner.describe()["scenarios"][S]
     assert mine["harness"] is None and mine["exploring"] == "exploring: 3 of 4 rewarded in 16 reported records"
     assert state.round_plan().recipe == "explore"
+
+    # A restarted learner finds that round's candidate in the register: the head stays tried.
+    fresh = Learner(config)
+    assert fresh.plan_tick() == S and fresh.scenarios[S].harness.reason is not None  # type: ignore[union-attr]
+    rung = state.harness.plan
+    recipe = load_recipe(rung.recipe, rung.recipe_params(), declared=config.scenario(S))
+    snap = Snapshot.create(S, config.data_dir, recipe.experience(), root=rung.snapshot_root,
+                           ledger_root=rung.ledger_root)
+    register_candidate(config.data_dir, recipe.run(snap, out_root=tmp_path / "cands", progress=False).path)
+    again = Learner(config)
+    assert again.plan_tick() is None and again.scenarios[S].harness.tried == [f"{S}@r0"]  # type: ignore[union-attr]
 
     # A new head (here a harness without examples) is tried again; one that shows examples is not.
     store = ArtifactStore.for_data_dir(config.data_dir)

@@ -19,7 +19,9 @@ a harness clients fetch themselves is theirs to apply, so a gate on it would jud
 is shown). Tried once per head release whose harness has no examples yet: a round that releases
 nothing (the gate rejects the examples, nothing to propose, policy `approval` leaves it to a person)
 marks the head tried, and the ladder moves on to exploration; a new head (a LoRA release, a rollback)
-may be tried again. The mark lives in memory: a restarted server tries the head once more.
+may be tried again. The mark lives in memory, and the candidate register keeps it across restarts:
+a harness candidate that added examples to this head means it was tried (a round that proposed
+nothing leaves no candidate, so a restarted server asks again, which costs no gate).
 
 Harness and weights releases coexist on one chain: a harness release keeps the head's weights
 (`content_id`, a LoRA head included) and a weights release keeps the head's harness
@@ -38,6 +40,7 @@ from reef.config.serve import HarnessRungSettings
 from reef.core.paths import DataDir
 from reef.learn.plan import RoundPlan, Thresholds, plan_round
 from reef.registry.artifacts import ArtifactStore
+from reef.registry.candidates import CandidateRegistry
 from reef.registry.chain import CHAIN_FILE, ReleaseChain
 from reef.registry.harness import SHOTS_FILE, load_harness
 from reef.registry.schema import release_name
@@ -68,6 +71,18 @@ def head_shows_examples(data_dir: Path, scenario: str) -> tuple[str, bool]:
     if head.harness_id is None:
         return head.release_id, False
     return head.release_id, SHOTS_FILE in load_harness(store, head.harness_id).files
+
+
+def examples_made_against(data_dir: Path, scenario: str, head: str) -> bool:
+    """Whether the candidate register holds a harness candidate that added few-shot examples to
+    `head` (a round of this rung, or of a learner before a restart, or anyone's)."""
+    for view in CandidateRegistry(data_dir, scenario).list():
+        parents = {view.lineage.parent_release if view.lineage else None,
+                   view.gate.head_release_id if view.gate else None}
+        if view.kind == "harness" and head in parents and any(
+                m.get("op") == "create" and m.get("path") == SHOTS_FILE for m in view.mutations):
+            return True
+    return False
 
 
 def harness_plan(config: ServeConfig, scenario: str, plan: RoundPlan, recipe: Recipe | None,
@@ -106,7 +121,10 @@ class HarnessRung:
         rewarded records, the head shows examples already, or a round ran against this head)."""
         reason = harness_reason(counts, thresholds, self.settings.min_rewarded) if waiting is not None else None
         if reason is not None:
-            self.head, shows = head_shows_examples(self.plan.data_dir, self.plan.scenario)
+            data_dir, scenario = self.plan.data_dir, self.plan.scenario
+            self.head, shows = head_shows_examples(data_dir, scenario)
+            if self.head not in self.tried and examples_made_against(data_dir, scenario, self.head):
+                self.tried.append(self.head)  # tried before this process started
             if shows or self.head in self.tried:
                 reason = None
         self.reason = reason
