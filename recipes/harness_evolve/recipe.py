@@ -9,10 +9,11 @@ Two proposers (`proposer:`):
   ones that recur in at least `min_support` of the failed records (and `min_count` of them) into
   rules, appended to `rules.md` (created when absent), at most `max_rules` per round, skipping what
   the harness says already. "Reply with only the label." said on most failures becomes a rule. And
-  when failures carry a correction (the reply their report wanted) and the harness has no few-shot
-  examples yet, up to `max_shots` of them become `shots.jsonl` (the user's message and its
-  correction, distinct corrections first): a small model that ignores a rule it is told follows a
-  format it is shown.
+  while the harness has no few-shot examples yet, up to `max_shots` of the corrections (the reply a
+  failure's report wanted) and the rewarded replies (at least `failure_below`, tool calls kept)
+  become `shots.jsonl` (the user's message and the wanted reply, distinct replies first,
+  reef.recipe.shots): a small model that ignores a rule it is told follows a format it is shown.
+  The learner's harness rung (reef.learn.harness_rung) runs this proposer on a few rewarded replies.
 - `llm`: shows a model the harness files and up to `max_examples` failures (prompt, reply, score,
   feedback) and asks for mutations as JSON (`{"mutations": [{"op", "path", "content", "reason"}]}`).
   The model is `teacher_url`/`teacher_model` (any OpenAI-compatible server), else the serving engine
@@ -41,6 +42,7 @@ from reef.recipe.harness_recipe import (
     ProposalContext,
     apply_mutations,
 )
+from reef.recipe.shots import Shot, correction_shot, pick_shots, shots_file
 from reef.registry.harness import RULES_FILE, SHOTS_FILE, Harness
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -53,7 +55,7 @@ class HarnessEvolveConfig(HarnessConfig):
     min_support: float = 0.3  # share of failed records whose feedback says a sentence
     min_count: int = 3
     max_rules: int = 2
-    max_shots: int = 3  # few-shot examples made from corrections; 0: none
+    max_shots: int = 3  # few-shot examples made from corrections and rewarded replies; 0: none
     # llm
     teacher_url: str | None = None  # an OpenAI-compatible base URL; None: the serving engine
     teacher_model: str | None = None
@@ -86,24 +88,25 @@ def mine_rules(failures: list[Failure], known: str, min_support: float, min_coun
     return out[:limit]
 
 
-def pick_shots(failures: list[Failure], limit: int) -> list[tuple[str, str]]:
-    """Up to `limit` (user message, correction) pairs from corrected failures, oldest first, one
-    per distinct correction before any repeats, so the examples show the range of wanted replies."""
-    pairs = []
-    for f in failures:
-        user = next((m["content"] for m in reversed(f.messages) if m["role"] == "user"), "")
-        if f.correction and user and (user, f.correction) not in pairs:
-            pairs.append((user, f.correction))
-    first: dict[str, tuple[str, str]] = {}
-    for user, reply in pairs:
-        first.setdefault(reply, (user, reply))
-    distinct = list(first.values())
-    return (distinct + [p for p in pairs if p not in distinct])[:limit]
+def mined_shots(context: ProposalContext, limit: int) -> Mutation | None:
+    """shots.jsonl made of up to `limit` corrections and rewarded replies (reef.recipe.shots), while
+    the harness has no examples yet; None when there is nothing to show."""
+    if SHOTS_FILE in context.files or limit <= 0:
+        return None
+    corrected = [correction_shot(f.messages, f.correction) for f in context.failures]
+    rewarded = [r.shot() for r in context.rewarded]
+    shots = pick_shots([*corrected, *rewarded], limit)
+    if not shots:
+        return None
+    path, content = shots_file(shots)
+    return Mutation(op="create", path=path, content=content, reason=_shots_reason(shots, set(rewarded) - {None}))
 
 
-def shots_mutation(shots: list[tuple[str, str]], reason: str) -> Mutation:
-    content = "".join(json.dumps({"user": u, "assistant": a}, ensure_ascii=False) + "\n" for u, a in shots)
-    return Mutation(op="create", path=SHOTS_FILE, content=content, reason=reason)
+def _shots_reason(shots: list[Shot], rewarded: set[Shot | None]) -> str:
+    from_rewards = sum(1 for s in shots if s in rewarded)
+    parts = [f"{from_rewards} rewarded replies"] if from_rewards else []
+    parts += [f"{len(shots) - from_rewards} corrections"] if len(shots) > from_rewards else []
+    return " and ".join(parts) + " as few-shot examples"
 
 
 def rules_mutation(files: dict[str, str], rules: list[str], reason: str) -> Mutation:
@@ -179,11 +182,8 @@ class HarnessEvolve(HarnessRecipe):
             rules = mine_rules(context.failures, known, c.min_support, c.min_count, c.max_rules)
             out = [rules_mutation(context.files, rules, f"recurring feedback on {len(context.failures)} "
                                                         "low-reward replies")] if rules else []
-            shots = pick_shots(context.failures, c.max_shots) if SHOTS_FILE not in context.files else []
-            if shots:
-                corrected = sum(1 for f in context.failures if f.correction)
-                out.append(shots_mutation(shots, f"{len(shots)} of the corrections of {corrected} low-reward replies"))
-            return out
+            shots = mined_shots(context, c.max_shots)
+            return out + ([shots] if shots is not None else [])
         if c.proposer == "llm":
             return self._ask_model(context)
         raise ValueError(f"harness_evolve: proposer must be 'mined' or 'llm', not {c.proposer!r}")

@@ -63,8 +63,9 @@ def _status(args: argparse.Namespace) -> int:
         console.print("learner: off", markup=False)
     for name, one in (learner.get("scenarios") or {}).items():
         rnd = one.get("round") or {}
-        running = "running a round" + (f" ({one['exploring']})" if one.get("exploring") else "")
-        state = (running if one.get("running") else one.get("exploring") or one.get("waiting")
+        rung = one.get("harness") or one.get("exploring")  # the ladder's rung due or running, and why
+        running = "running a round" + (f" ({rung})" if rung else "")
+        state = (running if one.get("running") else rung or one.get("waiting")
                  or ("due" if one.get("pending") is not None else "not counted yet"))
         last = f"; round {rnd['round_id']} {rnd['state']}" if rnd else ""
         console.print(f"learner {name} ({one.get('recipe')}): {state}; {one.get('rounds', 0)} rounds{last}",

@@ -119,6 +119,27 @@ class ShareSettings(_Strict):
                               "else (a user who arrives waits behind them); null: the recipe's or gate's concurrency")
 
 
+class HarnessRungSettings(_Strict):
+    """The learner's rung before exploration (reef.learn.harness_rung): while a scenario's own recipe
+    still waits for rewarded records but a few are in, a harness round (recipe `harness_evolve`,
+    proposer `mined`) shows them as few-shot examples, gated and released like any candidate. Once
+    per head release, for a scenario whose head harness has no examples yet and whose harness the
+    gateway applies (`harness.inject` not `off`)."""
+
+    enabled: bool = Field(default=True, description="false: the ladder starts at exploration")
+    recipe: str = Field(default="harness_evolve", description="the harness recipe: a built-in name or module:Class")
+    params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (max_shots, ...); the "
+                                   "rung sets proposer mined, failure_below to the own recipe's threshold and "
+                                   "consume false unless given here")
+    min_rewarded: int = Field(default=2, ge=1, description="rewarded records (as the own recipe counts them) before "
+                              "a harness round, fewer than the own recipe's min_rewarded")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
 class LearnerConfig(_Strict):
     """The learner `reef serve` runs: rounds for every scenario that declares a recipe
     (`scenarios.<s>.recipe`, a name in `recipes:`), whenever enough new experience waits."""
@@ -141,6 +162,8 @@ class LearnerConfig(_Strict):
     gate_retries: int = Field(default=2, ge=0, description="times a candidate whose gate was void (engine faults, "
                               "too few scored pairs: no judgement) is gated again, one try per interval before any "
                               "new round of its scenario; then it stays void until someone runs `reef gate`")
+    harness: HarnessRungSettings = Field(default_factory=HarnessRungSettings, description="a harness round "
+                                         "showing the first rewarded replies as few-shot examples (false: off)")
     explore: ExploreSettings = Field(default_factory=ExploreSettings, description="exploration rounds while live "
                                      "rewards are rare (false: off)")
     round_nice: int = Field(default=10, ge=0, le=19, description="the niceness added to each round process (training, "

@@ -20,6 +20,13 @@ waits for a round, and another scenario's releases (API, dashboard, canary) go o
 The round process runs `learner.round_nice` steps below the server (one torch thread), so users'
 requests keep the CPU while it trains; its own engine requests are served beside the users'.
 
+While the own recipe waits for rewarded records, the learner climbs a ladder instead of waiting
+(per scenario, the reason in `GET /reef/status` and `reef status`): with a few rewarded records in,
+a harness round shows them as few-shot examples (reef.learn.harness_rung, `harness: 3 rewarded
+replies as few-shot examples`); when that released nothing and rewards stay rare, exploration
+rounds (reef.learn.ladder, `exploring: 0 of 4 rewarded in 20 reported records`). A round of the
+scenario's own recipe, once due, always goes first.
+
 A candidate the gate selects is released at once when its scenario's policy is `auto` (through the
 same publisher as the API, expecting the head the gate compared against); under `approval` it
 waits in `GET /reef/candidates`. The round process gets one `RoundRequest` (the plan, serve.yaml's
@@ -57,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 from reef.config import ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
+from reef.learn.harness_rung import HarnessRung, harness_rung_for
 from reef.learn.ladder import Exploration, exploration_for
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
@@ -115,6 +123,9 @@ class ScenarioLearner:
     # The ladder's exploration rung (reef.learn.ladder); None where exploring does not fit.
     exploration: Exploration | None = None
     exploring: bool = False  # the round running now is an exploration round
+    # The rung before it: the first rewarded replies as few-shot examples (reef.learn.harness_rung).
+    harness: HarnessRung | None = None
+    harnessing: bool = False  # the round running now is the harness rung's
 
     @property
     def min_records(self) -> int:
@@ -134,35 +145,47 @@ class ScenarioLearner:
                 self.waiting = f"waiting: {have} of {want} records (the last round found nothing new to learn)"
             else:
                 self.idle_at = None
-        if self.exploration is not None and self.pending is not None:
-            self.exploration.check(self.pending, self.thresholds, self.waiting)
+        if self.pending is None:
+            return
+        shown = self.harness is not None and self.harness.check(self.pending, self.thresholds, self.waiting) is not None
+        if self.exploration is not None:
+            # The harness rung goes first: exploration waits for its round (and keeps its spacing).
+            self.exploration.check(self.pending, self.thresholds, None if shown else self.waiting)
 
     def due(self) -> bool:
         """A round an earlier process left open (killed mid-round) is due whatever waits; else one
         is due when the last count reached every threshold."""
         return (self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
                 or self.void_candidate() is not None
+                or (self.harness is not None and self.harness.reason is not None)
                 or (self.exploration is not None and self.exploration.reason is not None))
 
     def round_plan(self) -> RoundPlan:
-        """The plan of the round to run now: the exploration rung's when it is due (and no round of
-        the scenario's own is open or due), else the scenario's own."""
+        """The plan of the round to run now, the ladder's lowest rung that is due: the scenario's
+        own (a round open or due), else the harness rung's, else the exploration rung's."""
         own_due = self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
-        explore = self.exploration
-        if explore is None or explore.reason is None or own_due:
-            self.exploring = False
-            return self.plan
-        self.exploring = True
-        return explore.next_plan
+        harness, explore = self.harness, self.exploration
+        self.harnessing = not own_due and harness is not None and harness.reason is not None
+        self.exploring = not own_due and not self.harnessing and explore is not None and explore.reason is not None
+        if self.harnessing and harness is not None:
+            return harness.plan
+        if self.exploring and explore is not None:
+            return explore.next_plan
+        return self.plan
 
     def explored(self, idle_at: int | None, rounds_before: int) -> None:
-        """After an exploration round (`rounds_before`: the count before it; not more: it failed):
-        space the next one, and leave the own recipe's idle mark as it was."""
-        if not self.exploring or self.exploration is None:
+        """After a round of a rung (`rounds_before`: the count before it; not more: it failed): the
+        harness rung marks the head tried, exploration spaces the next one; the own recipe's idle
+        mark stays as it was."""
+        rung = self.harness if self.harnessing else self.exploration if self.exploring else None
+        if rung is None:
             return
         last = (self.last or {}) if self.rounds > rounds_before else {}
-        self.exploration.finished(last.get("status"), last.get("release"), metrics=last.get("metrics"))
-        self.idle_at, self.exploring = idle_at, False
+        if rung is self.exploration and self.exploration is not None:
+            self.exploration.finished(last.get("status"), last.get("release"), metrics=last.get("metrics"))
+        else:
+            rung.finished(last.get("status"), last.get("release"))
+        self.idle_at, self.exploring, self.harnessing = idle_at, False, False
 
     def describe(self) -> dict[str, Any]:
         current = self.log.current()
@@ -171,6 +194,8 @@ class ScenarioLearner:
                 "running": self.running, "rounds": self.rounds,
                 "exploring": self.exploration.reason if self.exploration else None,
                 "exploration": self.exploration.describe() if self.exploration else None,
+                "harness": self.harness.reason if self.harness else None,
+                "harness_rung": self.harness.describe() if self.harness else None,
                 "pending": self.pending, "last_round": self.last,
                 "last_error": self.last_error, "round": current.public() if current else None,
                 "void_gate": self.void_gate}
@@ -205,6 +230,10 @@ def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
             out[name].exploration = exploration_for(config, name, plan, recipe, wait_for)
         except (ValueError, TypeError, LookupError, ImportError) as exc:
             raise LearnerConfigError(f"learner.explore: {exc}") from exc
+        try:
+            out[name].harness = harness_rung_for(config, name, plan, recipe, wait_for)
+        except (ValueError, TypeError, LookupError, ImportError) as exc:
+            raise LearnerConfigError(f"learner.harness: {exc}") from exc
     return out
 
 

@@ -1,7 +1,8 @@
 """Harness recipes: a recipe that improves the harness (system prompt, rules, skills, few-shot examples)
 instead of the weights. The framework part: reading the head's harness, the low-reward experience
 and its feedback from the snapshot, applying the proposed mutations, writing the candidate folder,
-lineage and the consumed ledger. A recipe only implements `propose()` (see recipes/harness_evolve).
+lineage and the consumed ledger (unless `consume: false`). A recipe only implements `propose()` (see
+recipes/harness_evolve); few-shot examples are mined by reef.recipe.shots.
 
 The candidate folder (what `HarnessRecipe.run` writes, `CandidateRegistry.register` imports, the
 gate evaluates and the dashboard shows) is the WHOLE harness tree after the mutations, at the
@@ -11,7 +12,7 @@ type is reef.registry.schema.Candidate):
     <candidate>/system.md, rules.md, skills/<name>/SKILL.md, examples/...   the new harness tree
     <candidate>/candidate.json
         {"kind": "harness", "id": "<scenario>-<hash12>", "scenario", "created_at", "path",
-         "metrics": {"failures": N, "records": N, "mutations": N, "proposer": "..."},
+         "metrics": {"failures": N, "records": N, "mutations": N, "rewarded": N, "proposer": "..."},
          "mutations": [{"op": "create|update|remove", "path": "rules.md", "reason": "...",
                         "content": "<new text>" | null}],
          "lineage": {"snapshot_id", "snapshot_hash", "recipe", "params", "parent_release",
@@ -31,7 +32,7 @@ from __future__ import annotations
 import shutil
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -44,6 +45,7 @@ from reef.core.paths import CANDIDATE_FILE, DataDir
 from reef.recipe import ledger
 from reef.recipe.base import DEFAULT_CANDIDATES, Recipe, _versions, git_commit
 from reef.recipe.config import RecipeConfig
+from reef.recipe.shots import Rewarded, rewarded_replies
 from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.registry.schema import Candidate, Lineage
 
@@ -109,7 +111,8 @@ class Failure:
 
 @dataclass(frozen=True)
 class ProposalContext:
-    """What a proposer sees: the head's harness files, the snapshot's failures and its size."""
+    """What a proposer sees: the head's harness files, the snapshot's failures, its rewarded replies
+    (reef.recipe.shots: what few-shot examples are made of) and its size."""
 
     scenario: str
     files: dict[str, str]
@@ -117,6 +120,7 @@ class ProposalContext:
     failures: list[Failure]
     records: int
     inject: str
+    rewarded: list[Rewarded] = field(default_factory=list)
 
 
 @dataclass
@@ -126,6 +130,9 @@ class HarnessConfig(RecipeConfig):
     failure_below: float = 0.5  # a record whose score is below this is a failure
     drop_duplicates: bool = False  # a repeated failure is evidence (how often feedback recurs), not noise
     max_steps: int = 0  # unused: nothing is trained
+    # False: the snapshot's records stay unconsumed, for the scenario's own recipe to train on (the
+    # learner's harness rung reads the few rewarded replies a first training round still waits for).
+    consume: bool = True
 
 
 def head_harness(snapshot: Snapshot) -> tuple[str | None, dict[str, str]]:
@@ -194,7 +201,8 @@ class HarnessRecipe(Recipe):
         frame = snap.frame()
         context = ProposalContext(scenario=snap.scenario, files=files, harness_id=parent_id,
                                   failures=failures(frame, config.failure_below), records=frame.height,
-                                  inject=self.scenario().harness.inject)
+                                  inject=self.scenario().harness.inject,
+                                  rewarded=rewarded_replies(frame, config.failure_below))
         mutations = self.propose(context)
         tree = apply_mutations(files, mutations)
         if not mutations or tree == files:
@@ -214,7 +222,7 @@ class HarnessRecipe(Recipe):
                               base_model=config.base_model, base_model_sha256=None, versions=_versions(),
                               parent_harness=parent_id)
             metrics = {"records": frame.height, "failures": len(context.failures), "mutations": len(mutations),
-                       "proposer": self.proposer_name()}
+                       "rewarded": len(context.rewarded), "proposer": self.proposer_name()}
             candidate = Candidate(id=cand_id, path=target, kind=CANDIDATE_KIND, scenario=snap.scenario,
                                   metrics=metrics, lineage=lineage, created_at=datetime.now(UTC).isoformat(),
                                   mutations=[m.model_dump() for m in mutations])
@@ -222,7 +230,7 @@ class HarnessRecipe(Recipe):
             replace_dir(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        if consume:
+        if consume and config.consume:
             ledger.mark_consumed(snap.ledger_root, snap.scenario, snap.hash, snap.record_ids, cand_id)
         if progress:
             changes = ", ".join(f"{m.op} {m.path}" for m in mutations)

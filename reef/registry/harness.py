@@ -3,9 +3,10 @@
     system.md                 the system prompt
     rules.md                  rules the agent must follow (appended to the system prompt)
     skills/<name>/SKILL.md    skills, Agent Skills style (front matter `name`, `description`)
-    shots.jsonl               few-shot examples, one `{"user": ..., "assistant": ...}` per line: put in
-                              as earlier turns after the system prompt (a small model copies a format
-                              it is shown far better than one it is told)
+    shots.jsonl               few-shot examples, one `{"user": ..., "assistant": ...}` per line, with
+                              `"tool_calls": [{"name": ..., "arguments": "<JSON text>"}]` where the
+                              reply was a tool call: put in as earlier turns after the system prompt
+                              (a small model copies a format it is shown far better than one it is told)
     examples/...              few-shot examples, tool descriptions, anything else: served to clients as files
 
 Served two ways: the gateway puts `system_prompt()` into each request of a scenario whose
@@ -44,6 +45,23 @@ class Harness:
     def shots(self) -> list[tuple[str, str]]:
         """The few-shot examples of shots.jsonl as (user, assistant) pairs; lines that are not such an
         object are left out (a hand-written file must not take the scenario down)."""
+        return [(shot["user"], shot["assistant"]) for shot in self._shot_lines()]
+
+    def shot_turns(self) -> list[dict[str, Any]]:
+        """The few-shot examples as the chat messages they are put in as: a user turn, then the
+        assistant's, which carries its `tool_calls` in the OpenAI shape (arguments as JSON text) so
+        the chat template writes the call as the model writes one (SmolLM2: `<tool_call>` markup)."""
+        turns: list[dict[str, Any]] = []
+        for n, shot in enumerate(self._shot_lines()):
+            reply: dict[str, Any] = {"role": "assistant", "content": shot["assistant"]}
+            calls = [c for c in shot.get("tool_calls") or () if isinstance(c, dict) and isinstance(c.get("name"), str)]
+            if calls:
+                reply["tool_calls"] = [{"id": f"call_shot{n}_{k}", "type": "function", "function": {
+                    "name": c["name"], "arguments": _arguments_text(c.get("arguments"))}} for k, c in enumerate(calls)]
+            turns += [{"role": "user", "content": shot["user"]}, reply]
+        return turns
+
+    def _shot_lines(self) -> list[dict[str, Any]]:
         out = []
         for line in self.files.get(SHOTS_FILE, "").splitlines():
             try:
@@ -51,7 +69,7 @@ class Harness:
             except json.JSONDecodeError:
                 continue
             if isinstance(shot, dict) and isinstance(shot.get("user"), str) and isinstance(shot.get("assistant"), str):
-                out.append((shot["user"], shot["assistant"]))
+                out.append(shot)
         return out
 
     def skills(self) -> dict[str, str]:
@@ -62,6 +80,13 @@ class Harness:
             if len(parts) == 3 and parts[0] == SKILLS_DIR and parts[2] == "SKILL.md":
                 out[parts[1]] = text
         return out
+
+
+def _arguments_text(arguments: Any) -> str:
+    """A call's arguments as the JSON text the OpenAI API carries (a shot may hold them as an object)."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,14 +108,13 @@ def inject(messages: list[dict[str, Any]], harness: Harness, mode: str) -> list[
     """`messages` with the harness's system prompt applied: `system_prepend` puts it before the
     client's own system prompt (one system message: chat templates take one), `system_replace`
     drops the client's system messages for it. The harness's few-shot examples follow the system
-    prompt as earlier user and assistant turns, before the client's conversation."""
-    prompt, shots = harness.system_prompt(), harness.shots()
-    if mode == "off" or not (prompt or shots):
+    prompt as earlier user and assistant turns (an assistant turn with its tool calls, when the
+    example's reply was a call), before the client's conversation."""
+    prompt, turns = harness.system_prompt(), harness.shot_turns()
+    if mode == "off" or not (prompt or turns):
         return messages
     rest = list(messages)
     own = rest.pop(0) if rest and rest[0].get("role") in ("system", "developer") else None
-    turns = [{"role": role, "content": text} for user, reply in shots
-             for role, text in (("user", user), ("assistant", reply))]
     if not prompt:
         return [*([own] if own is not None else []), *turns, *rest]
     if mode == "system_replace" or own is None:
