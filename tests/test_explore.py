@@ -109,7 +109,7 @@ def test_rollouts_are_written_with_provenance_and_successes_become_examples(tmp_
     assert back["reward"] == [1.0, 0.0, 1.0, 1.0, None] and back["success"] == [True, False, True, True, False]
     assert rollout_metrics(rollouts, 1.0) == {
         "rollouts": 5, "successes": 3, "success_rate": 0.6, "guided_rollouts": 1, "guided_successes": 1,
-        "unscored_rollouts": 1, "explored_tasks": 2, "tool_call_rollouts": 1}
+        "unscored_rollouts": 1, "explored_tasks": 2, "tool_call_rollouts": 1, "episodes": 0}
 
     rows = training_rows(rollouts, targets)
     assert rows.height == 2  # one task's same reply twice is one example

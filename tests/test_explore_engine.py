@@ -17,11 +17,14 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
+from reef.config import resolve
 from reef.demo import task as demo
 from reef.recipe import Snapshot, load_recipe
-from reef.sampling.engine import TEMP_PREFIX, EngineEndpoint
-from reef.scenario import EvalSpec, Scenario, get_scenario
-from tests.helpers import MODEL_NAME, TINY, wait_for
+from reef.recipe.practice import practice_tasks
+from reef.recipe.rollouts import RolloutPlan, sample_rollouts
+from reef.sampling.engine import TEMP_PREFIX, Arm, EngineEndpoint
+from reef.scenario import EvalSpec, Scenario, environment_for, get_scenario, reward_for
+from tests.helpers import MODEL_NAME, REPO, TINY, wait_for
 from tests.helpers.gateway import Gateway
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -173,3 +176,32 @@ def test_the_learner_explores_while_live_rewards_are_rare(make_gateway) -> None:
     rounds = [json.loads(line) for line in (gw.data_dir / "learner" / "rounds.jsonl").read_text().splitlines()]
     assert rounds[-1]["metrics"]["rollouts"] == 32 and rounds[-1]["gate"]["decision"] in ("select", "reject")
     assert mine["round"]["recipe"] == "explore", mine["round"]
+
+
+def test_rollouts_of_a_scenario_with_an_environment_are_episodes(vllm_url: str) -> None:
+    # examples/shop: the model calls price(item), the environment answers, the model replies. Each
+    # model turn is a rollout of its own, token-exact, carrying its episode's score.
+    shop = get_scenario("shop", resolve(config_file=REPO / "examples" / "shop" / "serve.yaml")[0])
+    tasks, _ = practice_tasks(shop)
+    plan = RolloutPlan(samples=2, temperature=1.0, max_tokens=32, max_turns=shop.environment.max_turns,
+                       fruitless_after=None)
+    reward = reward_for(shop)
+    run = sample_rollouts(EngineEndpoint(vllm_url, MODEL_NAME), Arm(served=MODEL_NAME), dict(enumerate(tasks[:4])),
+                          plan, lambda ts, replies: [s.value for s in reward(ts, replies)], environment_for(shop))
+    assert run.episodes == 4 * 2
+    by_episode: dict[int, list] = {}
+    for r in run.rollouts:
+        by_episode.setdefault(r.episode, []).append(r)
+    assert sorted(by_episode) == list(range(8))
+    for turns in by_episode.values():
+        turns.sort(key=lambda r: r.turn)
+        assert [r.turn for r in turns] == list(range(len(turns))) and len(turns) <= shop.environment.max_turns
+        assert len({r.score for r in turns}) == 1  # the episode's final reply's score, on every turn
+        assert turns[0].context is None and all(r.context for r in turns[1:])
+        assert not any(r.guided for r in turns[1:])  # only an episode's first turn may be guided
+        for before, after in zip(turns, turns[1:], strict=False):
+            # A later turn's prompt holds the earlier turn and the tool's result after it.
+            assert after.sample.completion.prompt_ids[:len(before.sample.completion.prompt_ids)] == \
+                before.sample.completion.prompt_ids
+            assert any(m["role"] == "tool" for m in after.context or ())
+    assert any(len(turns) > 1 for turns in by_episode.values()), "no episode called the tool"

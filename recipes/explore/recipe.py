@@ -15,8 +15,8 @@ necessarily what the model writes unconstrained (bare JSON on some vLLM versions
 the hermes markup, with the grammar's own whitespace), so an accepted guided reply is trained as
 the chat template renders that assistant turn (`<tool_call>` markup,
 reef.recipe.tokens.assistant_turn_ids); an unguided success trains on its exact sampled token ids.
-One model turn per task: a scenario with an `environment` (multi-turn episodes) is not explored
-yet (the round fails with a clear message; the learner never plans one).
+A scenario with an `environment` is explored in episodes (the environment executes the calls, the
+final reply is scored, each model turn of a passed episode is trained on; reef.recipe.rollouts).
 
 Sampling, scoring and keeping rollouts is the framework's (reef.recipe.rollouts): a round stops
 sampling once `enough` rollouts passed or after `max_sample_s`, and its requests yield to users
@@ -52,7 +52,7 @@ from reef.recipe.rollouts import (
 )
 from reef.recipe.tokens import CutStats, assistant_turn_ids, sft_examples, with_corrections
 from reef.sampling.engine import Arm
-from reef.scenario import Task, reward_for
+from reef.scenario import Task, environment_for, reward_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -138,9 +138,6 @@ class Explore(Recipe):
         if self.engine is None:
             raise ValueError("explore samples through the serving engine: run it in a round with an engine "
                              "(the learner's, or --engine-url)")
-        if scenario.environment is not None:
-            raise ValueError(f"scenario {scenario.name!r} has an environment: explore samples one model turn "
-                             "per task and does not run multi-turn episodes yet")
         tasks, _ = practice_tasks(scenario)
         rng = random.Random(c.sample_seed)
         picked = rng.sample(range(len(tasks)), min(c.max_prompts, len(tasks)))  # drawn order: an early stop
@@ -150,9 +147,10 @@ class Explore(Recipe):
         reward = reward_for(scenario, self.engine.url, self.engine.model)
         plan = RolloutPlan(samples=c.samples, temperature=c.temperature, max_tokens=max_tokens, guided=c.guided,
                            concurrency=c.concurrency, per_request=c.per_request, enough=c.enough,
-                           max_s=c.max_sample_s, min_score=c.min_score, fruitless_after=c.fruitless_after)
+                           max_s=c.max_sample_s, min_score=c.min_score, fruitless_after=c.fruitless_after,
+                           max_turns=scenario.environment.max_turns if scenario.environment else 1)
         return sample_rollouts(self.engine, policy, self._tasks, plan,
-                               lambda ts, replies: [s.value for s in reward(ts, replies)])
+                               lambda ts, replies: [s.value for s in reward(ts, replies)], environment_for(scenario))
 
     def recorded(self, snapshot: Snapshot, tokenizer: PreTrainedTokenizerBase) -> tuple[pl.DataFrame, int]:
         """The snapshot's records to imitate, as rft takes them: (prompt_ids, completion_ids, record_id)."""
@@ -178,15 +176,18 @@ def target_ids(rollout: Rollout, tasks: dict[int, Task], tokenizer: Any) -> list
     if not rollout.guided:
         return list(rollout.sample.completion.completion_ids)
     task = tasks[rollout.task_index]
-    return assistant_turn_ids(tokenizer, task["messages"], rollout.sample.message, task.get("tools"))
+    context = list(rollout.context) if rollout.context else task["messages"]
+    return assistant_turn_ids(tokenizer, context, rollout.sample.message, task.get("tools"))
 
 
 def training_rows(rollouts: list[Rollout], targets: list[list[int]]) -> pl.DataFrame:
-    """sft_examples' rows for the rollouts with a target (the kept ones), one per distinct reply of a task."""
-    rows: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[int], str]] = {}
+    """sft_examples' rows for the rollouts with a target (the kept ones), one per distinct reply to a
+    prompt (an episode's later turns have prompts of their own)."""
+    rows: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[int], str]] = {}
     for k, (r, ids) in enumerate(zip(rollouts, targets, strict=True)):
         if ids:
-            rows.setdefault((r.task_index, tuple(ids)), (list(r.sample.completion.prompt_ids), ids, f"rollout-{k}"))
+            prompt = list(r.sample.completion.prompt_ids)
+            rows.setdefault((tuple(prompt), tuple(ids)), (prompt, ids, f"rollout-{k}"))
     if not rows:
         return _empty_rows()
     prompts, completions, ids = zip(*rows.values(), strict=True)

@@ -14,7 +14,7 @@ TRL's GRPOTrainer sampling the trained policy through the engine), and back to e
 should that share fall again.
 
 Only where it fits: the scenario declares a reward and `tasks:` with practice tasks (not all in
-its eval suite), has no environment (exploration samples one model turn), its recipe trains a LoRA
+its eval suite; with an environment, explored in episodes), its recipe trains a LoRA
 (what exploration makes: a full-weight round would start over from the base model) and waits for
 rewarded records, and the learner has an engine to sample through. Rounds are spaced: `retry_s`
 after each, doubled after each one that released nothing (up to 8x), so a scenario the policy
@@ -58,7 +58,7 @@ def exploration_plan(config: ServeConfig, scenario: str, plan: RoundPlan, recipe
     if not settings.enabled or thresholds.rewarded == 0 or recipe is None or recipe.config.kind != "lora":
         return None
     declared = config.scenario(scenario)
-    if declared.reward is None or declared.tasks is None or declared.environment is not None:
+    if declared.reward is None or declared.tasks is None:
         return None
     try:
         practice_tasks(declared)

