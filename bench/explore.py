@@ -2,7 +2,7 @@
 reward: held-out success of the base and of the round's candidate, side by side, and what the
 round's rollouts found.
 
-    .venv/bin/python bench/explore.py [--example weather] [--samples 8] [--max-prompts 64] [--no-results]
+    .venv/bin/python bench/explore.py [--example weather] [--samples 8] [--max-prompts 64] [--then grpo] [--no-results]
 
 The example's scenario is read from its serve.yaml (examples/<name>/, declared only through the
 public contract). A vLLM engine serves the default model (SmolLM2-135M-Instruct) as `reef serve`
@@ -11,7 +11,9 @@ scenario's practice tasks through it, half of a tool task's samples under guided
 them with the scenario's reward and fine-tunes a LoRA on the successes. Held-out success: every
 eval task `--eval-samples` times at the eval's own temperature and length, as a client asks
 (tool_choice left to the server, `auto`), the candidate loaded as an adapter; the interval is a
-normal one over per-task means. Results: bench/out/explore.json and bench/RESULTS.md (`explore`).
+normal one over per-task means. `--then grpo` runs a second round of that recipe (the ladder's next
+rung) from the first round's adapter and measures it the same way. Results: bench/out/explore.json
+and bench/RESULTS.md (`explore`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def main() -> int:
     parser.add_argument("--max-prompts", type=int, default=64, help="practice tasks the round samples")
     parser.add_argument("--eval-samples", type=int, default=4, help="replies per held-out task and model")
     parser.add_argument("--params", default="{}", help="more explore params, as JSON")
+    parser.add_argument("--then", default=None, help="a second round's recipe (e.g. grpo), from the first's adapter")
+    parser.add_argument("--then-params", default="{}", help="its params, as JSON")
     parser.add_argument("--candidate", type=Path, default=None,
                         help="a candidate folder an earlier run's round wrote: measured, no round run")
     add_flag(parser)
@@ -116,6 +120,20 @@ def main() -> int:
         after = held_out(engine, scenario, candidate.path, args.eval_samples)
         console.print(f"after held-out success {after['success']:.3f} {after['ci95']} ({time.monotonic() - t0:.0f} s);"
                       f" e.g. {after['example']!r}")
+        then: dict[str, Any] | None = None
+        if args.then:
+            t0 = time.monotonic()
+            second = load_recipe(args.then, {"scenario": args.example, "base_model": str(REPO / DEFAULT_MODEL),
+                                             "init_adapter": str(candidate.path), "sample_seed": 1,
+                                             **json.loads(args.then_params)}, declared=scenario)
+            second.engine = engine
+            snap = Snapshot.create(args.example, work / "no-data", second.experience(), root=work / "snapshots2",
+                                   ledger_root=work / "ledger2", allow_empty=True)
+            cand2 = second.run(snap, out_root=work / "candidates2", progress=False)
+            then_s = time.monotonic() - t0
+            then = {"recipe": args.then, "round_s": round(then_s, 1), "metrics": cand2.metrics,
+                    **held_out(engine, scenario, cand2.path, args.eval_samples)}
+            console.print(f"then {args.then} ({then_s:.0f} s): held-out success {then['success']:.3f} {then['ci95']}")
     finally:
         supervisor.stop()
 
@@ -127,10 +145,15 @@ def main() -> int:
     table.add_row("after one round", f"{after['success']:.3f}", f"{after['ci95']}", str(m["rollouts"]),
                   str(m["successes"]), f"{m['guided_successes']} of {m['guided_rollouts']}", str(m["train_samples"]),
                   f"{round_s:.0f}" if args.candidate is None else "(earlier run)")
+    if then is not None:
+        t = then["metrics"]
+        table.add_row(f"then one {args.then} round", f"{then['success']:.3f}", f"{then['ci95']}", str(t["rollouts"]),
+                      str(t["successes"]), "-", "-", f"{then['round_s']:.0f}")
     console.print(table)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "explore.json").write_text(json.dumps({"example": args.example, "params": params, "base": base,
-                                                  "after": after, "round_s": round(round_s, 1), "metrics": m},
+                                                  "after": after, "round_s": round(round_s, 1), "metrics": m,
+                                                  "then": then},
                                                  indent=2, default=str))
     publish(args, "explore", table)
     return 0
