@@ -155,7 +155,7 @@ def main() -> int:
                                                   "after": after, "round_s": round(round_s, 1), "metrics": m,
                                                   "then": then},
                                                  indent=2, default=str))
-    publish(args, "explore", table)
+    publish(args, f"explore_then_{args.then}" if args.then else "explore", table)
     return 0
 
 

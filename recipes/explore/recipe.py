@@ -32,6 +32,7 @@ counts as its reason).
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +81,9 @@ class ExploreConfig(RecipeConfig):
     fruitless_after: int | None = 32  # unguided rollouts in a row that failed, guided ones passing: ask no more
     learning_rate: float = 5e-4
     per_device_batch_size: int = 8
-    max_steps: int = 0  # 0: `epochs` passes over the kept examples
+    max_steps: int = 0  # 0: `epochs` passes over the kept examples, at least `min_steps` steps
     epochs: float = 3.0
+    min_steps: int = 12  # a handful of successes is a few batches: more passes, not three steps
 
 
 class Explore(Recipe):
@@ -122,8 +124,18 @@ class Explore(Recipe):
                 "nothing new to learn")
         self._cuts = CutStats()
         self._dataset = sft_examples(samples, c.max_length, self._cuts).remove_columns("record_id")
-        args = SFTConfig(**self.training_args(output_dir), max_length=c.max_length, packing=False)
+        args = SFTConfig(**self.training_args(output_dir) | self.steps(len(self._dataset)), max_length=c.max_length,
+                         packing=False)
         return SFTTrainer(model=model, args=args, train_dataset=self._dataset, processing_class=tokenizer)
+
+    def steps(self, examples: int) -> dict[str, Any]:
+        """`epochs` passes, but never fewer than `min_steps` steps (an explicit `max_steps` wins)."""
+        c = self.config
+        assert isinstance(c, ExploreConfig)
+        if c.max_steps > 0:
+            return {}
+        per_pass = math.ceil(examples / (c.per_device_batch_size * c.gradient_accumulation_steps))
+        return {"max_steps": max(math.ceil(per_pass * c.epochs), c.min_steps)}
 
     def extra_metrics(self, trainer: Any) -> dict[str, Any]:
         return {"train_samples": len(self._dataset), **self._metrics, **self._cuts.as_metrics()}
