@@ -32,6 +32,7 @@ import httpx
 from pydantic import ValidationError
 
 from reef.core.chat import ChatError, chat, chat_body
+from reef.experience.schema import correction_message
 from reef.recipe.harness_recipe import (
     Failure,
     HarnessConfig,
@@ -92,13 +93,23 @@ def pick_shots(failures: list[Failure], limit: int) -> list[tuple[str, str]]:
     pairs = []
     for f in failures:
         user = next((m["content"] for m in reversed(f.messages) if m["role"] == "user"), "")
-        if f.correction and user and (user, f.correction) not in pairs:
-            pairs.append((user, f.correction))
+        reply = _shot_text(f.correction)
+        if reply and user and (user, reply) not in pairs:
+            pairs.append((user, reply))
     first: dict[str, tuple[str, str]] = {}
     for user, reply in pairs:
         first.setdefault(reply, (user, reply))
     distinct = list(first.values())
     return (distinct + [p for p in pairs if p not in distinct])[:limit]
+
+
+def _shot_text(correction: str | None) -> str | None:
+    """A correction as a few-shot reply: its text; a corrected tool call is no text example (a
+    shot file holds user/assistant text turns)."""
+    message = correction_message(correction)
+    if message is None:
+        return correction
+    return None if message.get("tool_calls") else message.get("content") or None
 
 
 def shots_mutation(shots: list[tuple[str, str]], reason: str) -> Mutation:
