@@ -7,7 +7,7 @@ The price is random per task (10-99), so it is only knowable from the `price(ite
 guess almost never earns the reward. A right episode is two model turns: the call
 `price({"item": "lamp"})`, then, after the tool's result (`lamp: 42`), the reply `Answer: 42`.
 The `reference` turns are what a reviewer who knows the procedure corrects a failed session with
-(`reef simulate` reports them as corrections on the first turn that went wrong).
+(`reef simulate` reports them as corrections on the turns that went wrong).
 """
 
 from __future__ import annotations

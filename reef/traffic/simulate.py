@@ -139,13 +139,14 @@ async def _one_user(
 async def _one_agent(
     client: openai.AsyncOpenAI, http: httpx.AsyncClient, model: str, task: Task, reward: RewardFn,
     environment: Environment, max_turns: int, summary: SimulationSummary, temperature: float, max_tokens: int,
+    reviewed: bool = True,
 ) -> None:
     """One agent session: model turns through the gateway, the tool calls executed here by the
     scenario's environment (as a real agent's client executes them), then one report for the whole
     session on its final answer. With `reference` turns, a reviewer watches: a turn that does not
     make the reference's tool call is replaced by it (the session goes on from the right call), and
     each replaced turn, like a failed final answer, gets its own report with the wanted turn as its
-    `correction`."""
+    `correction`. `reviewed=False`: no reviewer (the session's report only)."""
     session_id = f"sim-{uuid.uuid4().hex}"
     state = EpisodeState(task, environment, max_turns)
     extra = {"tools": task["tools"]} if task.get("tools") else {}
@@ -161,7 +162,7 @@ async def _one_agent(
         record_ids.append(raw.headers["x-reef-agent-record-id"])
         summary.requests += 1
         message = raw.parse().choices[0].message.model_dump(exclude_none=True)
-        wanted = reference_turn(task, len(record_ids) - 1)
+        wanted = reference_turn(task, len(record_ids) - 1) if reviewed else None
         if wanted is not None and wanted.get("tool_calls") and not same_calls(message, wanted):
             fixes.append((record_ids[-1], wanted))
             message = {**wanted, "tool_calls": [{"id": f"call_{k}", **c} for k, c in enumerate(wanted["tool_calls"])]}
@@ -171,7 +172,7 @@ async def _one_agent(
     if score.value is None:
         summary.unscored += 1
         return
-    wanted = reference_turn(task, len(record_ids) - 1)
+    wanted = reference_turn(task, len(record_ids) - 1) if reviewed else None
     if score.value < SATISFIED and wanted is not None and not wanted.get("tool_calls"):
         fixes.append((record_ids[-1], wanted))
     metadata = {"turns": state.turns, "tool_calls": state.tool_calls,
@@ -201,7 +202,7 @@ async def simulate_async(
     """`scenario` is a name declared by a package or `config` (serve.yaml), or a `reef.Scenario`.
     Replies are at most `max_tokens` long (default: the eval suite's `max_new_tokens`, else 64).
     `requests` chats in all, follow-up turns included. `corrections=False`: scores only, never a task's
-    reference as a correction (a rewards-only scenario)."""
+    reference as a correction (a rewards-only scenario), and no reviewer beside an agent."""
     declared = _declared(scenario, config)
     tasks = list(training_tasks(declared))
     random.Random(seed).shuffle(tasks)
@@ -228,7 +229,8 @@ async def simulate_async(
                 try:
                     if environment is not None and declared.environment is not None:
                         await _one_agent(client, http, model, tasks[i % len(tasks)], reward, environment,
-                                         declared.environment.max_turns, summary, temperature, max_tokens)
+                                         declared.environment.max_turns, summary, temperature, max_tokens,
+                                         corrections)
                     elif budget[0] > 0:
                         react = reactions if rng.random() < follow_up_share else 0
                         await _one_user(client, http, model, tasks[i % len(tasks)], reward, react, summary,
