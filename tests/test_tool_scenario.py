@@ -7,9 +7,11 @@ it the tool, whose calls are then executed, recorded and trained on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import polars as pl
@@ -20,8 +22,18 @@ from reef.config import ServeConfig, resolve
 from reef.experience import load
 from reef.experience.load import SESSION_COL
 from reef.recipe import Snapshot, load_recipe
-from reef.scenario import EpisodeState, Scenario, ScenarioError, environment_for, eval_suite, get_scenario
+from reef.scenario import (
+    EpisodeState,
+    Scenario,
+    ScenarioError,
+    environment_for,
+    eval_suite,
+    get_scenario,
+    load_tasks,
+    reward_for,
+)
 from reef.scenario.environment import parse_reply
+from reef.traffic.simulate import SimulationSummary, _one_agent
 from tests.helpers import MODEL_NAME, REPO, wait_for
 from tests.helpers.gateway import wait_flushed
 
@@ -84,6 +96,59 @@ def test_the_environment_is_declared_like_a_reward(tmp_path: Path) -> None:
         environment_for(s.model_copy(update={"environment": s.environment.model_copy(
             update={"factory": "shop_env:Shop"})}))
     assert Scenario(name="y").environment is None and environment_for(Scenario(name="y")) is None
+
+
+class _ScriptedAgentModel:
+    """Stands in for the gateway's OpenAI client: replies from a script, records what it was sent."""
+
+    def __init__(self, replies: list[dict]) -> None:
+        self.replies, self.sent = list(replies), []
+        self.chat = self.completions = self.with_raw_response = self
+
+    async def create(self, *, messages: list[dict], **_: object) -> object:
+        self.sent.append(json.loads(json.dumps(messages)))
+        message = self.replies.pop(0)
+        parsed = SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(
+            model_dump=lambda **_: dict(message)))])
+        return SimpleNamespace(headers={"x-reef-agent-record-id": f"rec_{len(self.sent)}"}, parse=lambda: parsed)
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    async def post(self, path: str, json: dict) -> object:
+        assert path == "/reef/report"
+        self.bodies.append(json)
+        return SimpleNamespace(raise_for_status=lambda: None)
+
+
+@pytest.mark.model_free
+@pytest.mark.parametrize("reviewed", [True, False])
+def test_the_simulated_reviewer_replaces_a_missing_call_and_corrects_the_answer(shop: Scenario,
+                                                                                 reviewed: bool) -> None:
+    """An agent that answers in prose, then guesses: with a reviewer, the prose turn is replaced by
+    the reference call (executed, so the next turn sees the tool's result) and both turns get a
+    report of their own with the turn wanted as the correction, after the session's report; without
+    one, the session ends at the prose and only the session is reported."""
+    task = next(t for t in load_tasks(shop.resolve_path(shop.tasks), "shop tasks"))
+    model = _ScriptedAgentModel([{"role": "assistant", "content": "It costs about 10."},
+                                 {"role": "assistant", "content": "Answer: 1"}])
+    reports, summary = _Reports(), SimulationSummary("shop")
+    asyncio.run(_one_agent(model, reports, "m", task, reward_for(shop), environment_for(shop),
+                           3, summary, 1.0, 40, reviewed))
+    session, *turns = reports.bodies
+    assert session["session_id"].startswith("sim-") and session["score"] == 0.0
+    if not reviewed:
+        assert len(model.sent) == 1 and turns == [] and summary.reports == 1
+        return
+    assert len(model.sent) == 2 and model.sent[1][-1] == {
+        "role": "tool", "tool_call_id": "call_0", "content": f"{task['item']}: {task['price']}"}
+    call, answer = task["reference"]
+    assert [(t["agent_record_id"], t["score"], t["correction"]) for t in turns] == [
+        ("rec_1", 0.0, {"role": "assistant", "content": None, "tool_calls": call["tool_calls"]}),
+        ("rec_2", 0.0, {"role": "assistant", "content": f"Answer: {task['price']}"})]
+    assert summary.reports == 3 and summary.sessions == {"rec_1": ["rec_1", "rec_2"]}
 
 
 def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path) -> None:
