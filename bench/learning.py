@@ -2,6 +2,7 @@
 for it, side by side: base and best held-out success, how the rounds got there, and how long.
 
     .venv/bin/python bench/learning.py [--examples sentiment,reviews,shop,orders] [--rounds 2] [--max-seconds 900]
+                                       [--users 16] [--wave 64]
 
 Each example (a folder of examples/ whose serve.yaml names no model, so the embedded default serves
 it) runs the way `make demo` runs one: `reef serve` with its learner on and policy `auto` in a
@@ -69,7 +70,8 @@ def run_example(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     server.start()
     started_s = time.perf_counter() - t0
     try:
-        state = watch(server.url, server.data_dir, declared, rounds=args.rounds, max_seconds=args.max_seconds)
+        state = watch(server.url, server.data_dir, declared, rounds=args.rounds, max_seconds=args.max_seconds,
+                      wave=args.wave, concurrency=args.users)
     finally:
         server.stop()
     log = server.data_dir / "learner" / "rounds.jsonl"
@@ -111,6 +113,10 @@ def report(results: list[dict[str, Any]]) -> list[Table | Text]:
         if idle:
             parts.append(Text(f"{res['scenario']}: {len(idle)} more rounds found nothing new to learn from "
                               f"(the released harness already holds what the failures taught)"))
+        waves = res.get("waves") or []
+        if waves:  # what the users saw: each wave's mean reward, under the head it started with
+            parts.append(Text(f"{res['scenario']}: live traffic, mean reward per wave (head): " + ", ".join(
+                f"{w['success']:.0%} ({w['head'].split('@')[-1]})" for w in waves)))
         held = res["held_out"]
         base = next(iter(held.values()), None)
         best_name, best = max(held.items(), key=lambda kv: kv[1], default=(None, None))
@@ -141,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", default=DEFAULT_EXAMPLES, help="comma-separated folders of examples/")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-seconds", type=float, default=900, help="per example")
+    parser.add_argument("--users", type=int, default=16, help="simulated users at once (a session each)")
+    parser.add_argument("--wave", type=int, default=64, help="chats (agent sessions) per wave of traffic")
     parser.add_argument("--workdir", type=Path, help="keep each example's server data here (default: a temporary "
                                                      "folder, removed afterwards)")
     parser.add_argument("--out", type=Path, help="default: bench/out/<section>.json")
