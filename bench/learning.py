@@ -67,13 +67,14 @@ def run_example(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     declared = get_scenario(scenario.name, config)
     server = ServeProcess(work)
     t0 = time.perf_counter()
-    server.start()
+    if not args.attach:
+        server.start()
     started_s = time.perf_counter() - t0
     try:
-        state = watch(server.url, server.data_dir, declared, rounds=args.rounds, max_seconds=args.max_seconds,
-                      wave=args.wave, concurrency=args.users)
+        state = watch(args.attach or server.url, server.data_dir, declared, rounds=args.rounds,
+                      max_seconds=args.max_seconds, wave=args.wave, concurrency=args.users)
     finally:
-        server.stop()
+        server.stop()  # an attached server is left running: whoever started it stops it
     log = server.data_dir / "learner" / "rounds.jsonl"
     rounds = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     return {"scenario": declared.name, "serve_start_s": started_s, "elapsed_s": time.perf_counter() - t0,
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "folder, removed afterwards)")
     parser.add_argument("--out", type=Path, help="default: bench/out/<section>.json")
     parser.add_argument("--report-only", action="store_true", help="no run: print and publish what --out holds")
+    parser.add_argument("--attach", metavar="URL", help="go on with the server of an earlier run of one example "
+                        "(same --workdir) at URL, e.g. after that run was stopped: its traffic, rounds and gates")
     add_flag(parser)
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.examples.split(",") if name.strip()]
