@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import DEFAULT_MODEL, resolve  # noqa: E402
-from reef.demo.loop import watch  # noqa: E402
+from reef.demo.loop import per_release, watch  # noqa: E402
 from reef.demo.run import write_config  # noqa: E402
 from reef.model.smollm2 import convert, is_current  # noqa: E402
 from reef.scenario import get_scenario  # noqa: E402
@@ -75,10 +75,26 @@ def run_example(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
                       max_seconds=args.max_seconds, wave=args.wave, concurrency=args.users)
     finally:
         server.stop()  # an attached server is left running: whoever started it stops it
-    log = server.data_dir / "learner" / "rounds.jsonl"
+    return {**collected(declared.name, server.data_dir), "serve_start_s": started_s,
+            "elapsed_s": time.perf_counter() - t0, "held_out": state.held_out,
+            "waves": [w.__dict__ for w in state.waves]}
+
+
+def collected(scenario: str, data_dir: Path) -> dict[str, Any]:
+    """What a run's data folder says, whether or not its bench process saw the end: the learner's
+    rounds, the held-out success the gates measured (the first head's, then each released
+    candidate's) and each release's success on the live traffic it answered."""
+    log = data_dir / "learner" / "rounds.jsonl"
     rounds = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
-    return {"scenario": declared.name, "serve_start_s": started_s, "elapsed_s": time.perf_counter() - t0,
-            "rounds": rounds, "held_out": state.held_out, "waves": [w.__dict__ for w in state.waves]}
+    held_out: dict[str, float] = {}
+    for r in rounds:
+        gate = r.get("gate") or {}
+        if gate.get("head_release_id") and gate.get("head_success") is not None:
+            held_out.setdefault(gate["head_release_id"], gate["head_success"])
+        if r.get("release") and gate.get("candidate_success") is not None:
+            held_out[r["release"]] = gate["candidate_success"]
+    live = per_release(data_dir, scenario).to_dicts() if (data_dir / "experience").is_dir() else []
+    return {"scenario": scenario, "rounds": rounds, "held_out": held_out, "live": live}
 
 
 def _fmt(value: float | None, spec: str = "{:.1%}") -> str:
@@ -114,6 +130,9 @@ def report(results: list[dict[str, Any]]) -> list[Table | Text]:
         if idle:
             parts.append(Text(f"{res['scenario']}: {len(idle)} more rounds found nothing new to learn from "
                               f"(the released harness already holds what the failures taught)"))
+        if res.get("live"):  # every reported record, by the release that answered it
+            parts.append(Text(f"{res['scenario']}: live traffic, success per reported record by release: " + ", ".join(
+                f"{row['release_id']} {row['success']:.1%} of {row['records']}" for row in res["live"])))
         waves = res.get("waves") or []
         if waves:  # what the users saw: each wave's mean reward, under the head it started with
             parts.append(Text(f"{res['scenario']}: live traffic, mean reward per wave (head): " + ", ".join(
@@ -136,7 +155,9 @@ def report(results: list[dict[str, Any]]) -> list[Table | Text]:
                      + f" base <= 30 %, +30 points{f', >= {target:.0%}' if target else ''}")
     parts.insert(0, side)
     verdict = Text.from_markup(f"targets: {'[green]ok[/green]' if ok_all else '[red]MISSED[/red]'}; "
-                               f"{sum(r['elapsed_s'] for r in results):.0f} s in all, serve start included")
+                               + ("figures collected from the data of a stopped run (--collect)"
+                                  if any(r.get("collected") for r in results) else
+                                  f"{sum(r['elapsed_s'] for r in results):.0f} s in all, serve start included"))
     for part in parts:
         console.print(part)
     console.print(verdict)
@@ -154,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "folder, removed afterwards)")
     parser.add_argument("--out", type=Path, help="default: bench/out/<section>.json")
     parser.add_argument("--report-only", action="store_true", help="no run: print and publish what --out holds")
+    parser.add_argument("--collect", action="store_true", help="no run: the figures of a stopped run from the data "
+                        "in its --workdir (rounds, gates, live success by release; no waves)")
     parser.add_argument("--attach", metavar="URL", help="go on with the server of an earlier run of one example "
                         "(same --workdir) at URL, e.g. after that run was stopped: its traffic, rounds and gates")
     add_flag(parser)
@@ -163,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     name = "learning" if args.examples == DEFAULT_EXAMPLES else "learning_" + "_".join(names)
     if args.out is None:
         args.out = OUT / f"{name}.json"
+    if args.collect:  # a run stopped before it reported: its figures from each example's data folder
+        if args.workdir is None:
+            parser.error("--collect needs the stopped run's --workdir")
+        results = [{**collected(example, args.workdir / example / "data"), "elapsed_s": 0.0, "collected": True}
+                   for example in names]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2, default=str))
+        publish(args, name, *report(results))
+        return 0
     if args.report_only:
         publish(args, name, *report(json.loads(args.out.read_text())))
         return 0
