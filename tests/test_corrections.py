@@ -12,15 +12,17 @@ from pathlib import Path
 
 import httpx
 import openai
+import polars as pl
 import pytest
 from transformers import AutoTokenizer
 
 from reef.experience import load
+from reef.experience.schema import correction_message
 from reef.learn.pending import signal
 from reef.recipe import Snapshot, load_recipe
 from reef.recipe.snapshot import select
-from reef.recipe.tokens import with_corrections
-from reef.scenario import EvalSpec, Scenario
+from reef.recipe.tokens import correction_ids, with_corrections
+from reef.scenario import EvalSpec, Scenario, reference_turn, same_calls
 from reef.traffic.offline import record_offline_traffic
 from tests.helpers import MODEL_NAME, wait_for
 from tests.helpers.gateway import Gateway
@@ -104,3 +106,57 @@ def test_rft_trains_on_corrections_when_nothing_is_rewarded(tiny: Path, tmp_path
     cand = rft.run(snap, out_root=tmp_path / "cands", progress=False)
     assert cand.metrics["corrections"] == 6 and cand.metrics["train_samples"] == 6
     assert len(cand.training_log) >= 2 and all(step.get("loss", 1.0) > 0 for step in cand.training_log[:-1])
+
+
+@pytest.mark.model_free
+@pytest.mark.any_model
+def test_a_tool_call_is_corrected_with_an_assistant_message(gateway: Gateway, serving_model: Path) -> None:
+    """A correction given as an assistant message (the tool call that was wanted) is stored as its
+    JSON and trained on as the chat template renders that turn: the `<tool_call>` markup the
+    engine's hermes parser reads, closed by the end-of-turn token."""
+    record = _chat(gateway, 'How much is "lamp"?')
+    wanted = {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "price", "arguments": '{"item": "lamp"}'}}]}
+    bad = httpx.post(f"{gateway.url}/reef/report", headers=HEADERS, json={
+        "agent_record_id": record, "score": 0.0, "correction": {"role": "assistant", "content": None}})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "correction", bad.text
+    bad = httpx.post(f"{gateway.url}/reef/report", headers=HEADERS, json={
+        "agent_record_id": record, "score": 0.0, "correction": {"role": "user", "content": "hi"}})
+    assert bad.status_code == 422, bad.text
+    ok = httpx.post(f"{gateway.url}/reef/report", headers=HEADERS,
+                    json={"agent_record_id": record, "score": 0.0, "correction": wanted})
+    assert ok.status_code == 200, ok.text
+
+    wait_for(lambda: httpx.get(f"{gateway.url}/reef/status").json()["scenarios"][S]["unflushed_reports"] == 0)
+    frame = load(S, gateway.data_dir).collect().filter(pl.col("record_id") == record)
+    stored = frame["correction"].item()
+    assert correction_message(stored) == wanted
+    tokenizer = AutoTokenizer.from_pretrained(serving_model)
+    samples, n = with_corrections(frame.select(
+        "record_id", "score", "correction", prompt_ids="prompt_token_ids",
+        completion_ids=pl.lit([0], pl.List(pl.Int64))), tokenizer, 1.0)
+    assert n == 1
+    text = tokenizer.decode(samples["completion_ids"].item())
+    end = "</tool_call>" + tokenizer.eos_token
+    assert text.startswith("<tool_call>") and text.endswith(end), text
+    assert json.loads(text[len("<tool_call>"):-len(end)]) == {"name": "price", "arguments": {"item": "lamp"}}
+    assert correction_ids(tokenizer, "Answer: 4") == tokenizer("Answer: 4", add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id], "a text correction is tokenized as before"
+
+
+@pytest.mark.model_free
+def test_an_agent_turn_is_checked_against_the_reference_turns() -> None:
+    call = {"type": "function", "function": {"name": "price", "arguments": '{"item": "lamp"}'}}
+    task = {"reference": [{"role": "assistant", "content": None, "tool_calls": [call]},
+                          {"role": "assistant", "content": "Answer: 42", "note": "not part of a turn"}]}
+    assert reference_turn(task, 0) == {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert reference_turn(task, 1) == {"role": "assistant", "content": "Answer: 42"}
+    assert reference_turn(task, 2) is None and reference_turn(task, -1) is None
+    assert reference_turn({"reference": "Answer: 42"}, 0) is None and reference_turn({}, 0) is None
+    same = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "price", "arguments": '{ "item":"lamp" }'}}]}
+    other = {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "price", "arguments": '{"item": "mug"}'}}]}
+    prose = {"role": "assistant", "content": "It costs about 10."}
+    assert same_calls(same, reference_turn(task, 0))
+    assert not same_calls(other, reference_turn(task, 0)) and not same_calls(prose, reference_turn(task, 0))

@@ -315,31 +315,6 @@ def test_check_the_bundled_reviews_example(vllm_url: str) -> None:
     assert "base success " in out.stdout.splitlines()[-1]
 
 
-@pytest.mark.model_free
-def test_the_reviews_example_is_declared_only_through_the_contract() -> None:
-    """examples/reviews: its serve.yaml alone declares it; eval rows are held out from the tasks (by
-    product, too); its reward is a TRL-style function that imports nothing of Reef; the jsonl files
-    are what generate.py writes."""
-    config, _ = resolve(config_file=REVIEWS / "serve.yaml")
-    scenario = all_scenarios(config)["reviews"]
-    suite = eval_suite(scenario)
-    tasks = load_tasks(scenario.resolve_path(scenario.tasks), "reviews: tasks")
-    assert len(suite.tasks) == 80 and len(tasks) == 320
-    prompts = lambda rows: {r["messages"][-1]["content"] for r in rows}  # noqa: E731
-    assert not prompts(suite.tasks) & prompts(tasks)
-    assert not {r["product"] for r in suite.tasks} & {r["product"] for r in tasks}
-    assert {r["label"] for r in suite.tasks} == {"positive", "negative"}
-    assert is_trl_style(sys.modules["reward"].reward) and "reef" not in (REVIEWS / "reward.py").read_text()
-    right = [f"Label: {t['label']}" for t in suite.tasks[:4]]
-    wrong = ["Label: " + ("negative" if t["label"] == "positive" else "positive") for t in suite.tasks[:4]]
-    assert [s.value for s in suite.reward(suite.tasks[:4], right)] == [1.0] * 4
-    assert [s.value for s in suite.reward(suite.tasks[:4], wrong)] == [0.0] * 4
-    assert config.scenario("reviews").recipe_spec(config.recipes).recipe == "rft"
-    before = {name: (REVIEWS / name).read_bytes() for name in ("eval.jsonl", "tasks.jsonl")}
-    subprocess.run([sys.executable, str(REVIEWS / "generate.py")], check=True, capture_output=True)
-    assert {name: (REVIEWS / name).read_bytes() for name in before} == before
-
-
 def _default_model_example(name: str) -> tuple[ServeConfig, Scenario, list[dict], list[dict]]:
     """An example folder declared for the default model: (config, scenario, eval rows, task rows),
     after checking that its serve.yaml names no model and its jsonl files are what generate.py writes."""
@@ -371,6 +346,40 @@ def test_the_sentiment_example_is_declared_only_through_the_contract() -> None:
     assert [s.value for s in eval_suite(scenario).reward([task] * 4, replies)] == [1.0, 1.0, 0.0, 0.0]
     spec = config.scenario("sentiment").recipe_spec(config.recipes)
     assert spec.recipe == "rft" and spec.params["corrections"] is True and spec.params["kind"] == "lora"
+
+
+@pytest.mark.model_free
+def test_the_reviews_example_is_declared_only_through_the_contract() -> None:
+    """examples/reviews (four teams, on the default model): rft with corrections; eval complaints
+    are about products no task mentions; every row carries its `reference`; the reward is a
+    TRL-style function that imports nothing of Reef and pays the exact reply only."""
+    config, scenario, held_out, tasks = _default_model_example("reviews")
+    assert len(held_out) == 80 and len(tasks) == 320
+    assert not {r["product"] for r in held_out} & {r["product"] for r in tasks}
+    assert {r["team"] for r in held_out} == {"delivery", "quality", "setup", "billing"}
+    assert all(r["reference"] == f"Team: {r['team']}" for r in [*held_out, *tasks])
+    assert is_trl_style(sys.modules["reward"].reward) and "reef" not in (REVIEWS / "reward.py").read_text()
+    task = held_out[0]
+    other = next(t for t in ("delivery", "quality", "setup", "billing") if t != task["team"])
+    replies = [task["reference"], f"{task['reference']}.", f"This is for {task['team']}.", f"Team: {other}"]
+    assert [s.value for s in eval_suite(scenario).reward([task] * 4, replies)] == [1.0, 1.0, 0.0, 0.0]
+    spec = config.scenario("reviews").recipe_spec(config.recipes)
+    assert spec.recipe == "rft" and spec.params["corrections"] is True and spec.params["kind"] == "lora"
+
+
+@pytest.mark.model_free
+def test_the_shop_example_is_corrected_turn_by_turn() -> None:
+    """examples/shop (tools, on the default model): held-out items; each row's `reference` is the
+    episode wanted (the price call, then the answer); rft trains per turn, on corrections."""
+    config, scenario, held_out, tasks = _default_model_example("shop")
+    assert len(held_out) == 80 and len(tasks) == 320
+    assert not {r["item"] for r in held_out} & {r["item"] for r in tasks}
+    for row in [*held_out, *tasks]:
+        call, answer = row["reference"]
+        assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {"item": row["item"]}
+        assert answer == {"role": "assistant", "content": f"Answer: {row['price']}"}
+    spec = config.scenario("shop").recipe_spec(config.recipes)
+    assert spec.recipe == "rft" and spec.params["corrections"] is True and spec.params["trajectories"] is False
 
 
 @pytest.mark.model_free

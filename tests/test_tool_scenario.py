@@ -1,24 +1,43 @@
 """The bundled multi-turn tool scenario (examples/shop): its environment executes the agent's tool
 calls in episodes, with a bound on turns; Hermes calls are parsed as vLLM's parser reads them; the
 environment is declared like a reward; the rollout helper's masks cover exactly the model's own
-tokens of a whole episode; through vLLM the embedded model's calls are parsed and executed; and
-agent sessions from live traffic, trained on with rft trajectories, teach the model the tool."""
+tokens of a whole episode; through vLLM the engine-mechanics model's calls are parsed and executed;
+and on the default model (SmolLM2), agent sessions from live traffic, corrected turn by turn, teach
+it the tool, whose calls are then executed, recorded and trained on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
 
 import httpx
+import polars as pl
 import pytest
+import yaml
 
 from reef.config import ServeConfig, resolve
+from reef.experience import load
+from reef.experience.load import SESSION_COL
 from reef.recipe import Snapshot, load_recipe
-from reef.scenario import EpisodeState, Scenario, ScenarioError, environment_for, eval_suite, get_scenario
+from reef.scenario import (
+    EpisodeState,
+    Scenario,
+    ScenarioError,
+    environment_for,
+    eval_suite,
+    get_scenario,
+    load_tasks,
+    reward_for,
+)
 from reef.scenario.environment import parse_reply
-from tests.helpers import MODEL_NAME, REPO
-from tests.helpers.gateway import Gateway, wait_flushed
+from reef.traffic.simulate import SimulationSummary, _one_agent
+from tests.helpers import MODEL_NAME, REPO, wait_for
+from tests.helpers.gateway import wait_flushed
+
+pytestmark = pytest.mark.start_early(1)  # its SmolLM2 loop is one of the suite's longest tests
 
 SHOP = REPO / "examples" / "shop"
 
@@ -31,12 +50,6 @@ def shop_config() -> ServeConfig:
 @pytest.fixture(scope="module")
 def shop(shop_config: ServeConfig) -> Scenario:
     return get_scenario("shop", shop_config)
-
-
-@pytest.fixture(scope="module")
-def shop_recipe_params(shop_config: ServeConfig) -> dict[str, Any]:
-    """The example's own recipe parameters (serve.yaml `recipes.shop-rft.params`): what a user runs."""
-    return dict(shop_config.recipes["shop-rft"].params)
 
 
 def _call(item: str) -> dict:
@@ -83,6 +96,59 @@ def test_the_environment_is_declared_like_a_reward(tmp_path: Path) -> None:
         environment_for(s.model_copy(update={"environment": s.environment.model_copy(
             update={"factory": "shop_env:Shop"})}))
     assert Scenario(name="y").environment is None and environment_for(Scenario(name="y")) is None
+
+
+class _ScriptedAgentModel:
+    """Stands in for the gateway's OpenAI client: replies from a script, records what it was sent."""
+
+    def __init__(self, replies: list[dict]) -> None:
+        self.replies, self.sent = list(replies), []
+        self.chat = self.completions = self.with_raw_response = self
+
+    async def create(self, *, messages: list[dict], **_: object) -> object:
+        self.sent.append(json.loads(json.dumps(messages)))
+        message = self.replies.pop(0)
+        parsed = SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(
+            model_dump=lambda **_: dict(message)))])
+        return SimpleNamespace(headers={"x-reef-agent-record-id": f"rec_{len(self.sent)}"}, parse=lambda: parsed)
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    async def post(self, path: str, json: dict) -> object:
+        assert path == "/reef/report"
+        self.bodies.append(json)
+        return SimpleNamespace(raise_for_status=lambda: None)
+
+
+@pytest.mark.model_free
+@pytest.mark.parametrize("reviewed", [True, False])
+def test_the_simulated_reviewer_replaces_a_missing_call_and_corrects_the_answer(shop: Scenario,
+                                                                                 reviewed: bool) -> None:
+    """An agent that answers in prose, then guesses: with a reviewer, the prose turn is replaced by
+    the reference call (executed, so the next turn sees the tool's result) and both turns get a
+    report of their own with the turn wanted as the correction, after the session's report; without
+    one, the session ends at the prose and only the session is reported."""
+    task = next(t for t in load_tasks(shop.resolve_path(shop.tasks), "shop tasks"))
+    model = _ScriptedAgentModel([{"role": "assistant", "content": "It costs about 10."},
+                                 {"role": "assistant", "content": "Answer: 1"}])
+    reports, summary = _Reports(), SimulationSummary("shop")
+    asyncio.run(_one_agent(model, reports, "m", task, reward_for(shop), environment_for(shop),
+                           3, summary, 1.0, 40, reviewed))
+    session, *turns = reports.bodies
+    assert session["session_id"].startswith("sim-") and session["score"] == 0.0
+    if not reviewed:
+        assert len(model.sent) == 1 and turns == [] and summary.reports == 1
+        return
+    assert len(model.sent) == 2 and model.sent[1][-1] == {
+        "role": "tool", "tool_call_id": "call_0", "content": f"{task['item']}: {task['price']}"}
+    call, answer = task["reference"]
+    assert [(t["agent_record_id"], t["score"], t["correction"]) for t in turns] == [
+        ("rec_1", 0.0, {"role": "assistant", "content": None, "tool_calls": call["tool_calls"]}),
+        ("rec_2", 0.0, {"role": "assistant", "content": f"Answer: {task['price']}"})]
+    assert summary.reports == 3 and summary.sessions == {"rec_1": ["rec_1", "rec_2"]}
 
 
 def test_episode_rollouts_mask_the_tool_results(shop: Scenario, tiny: Path) -> None:
@@ -160,37 +226,78 @@ def test_the_gate_engine_runs_episodes_through_vllm(vllm_url: str, shop: Scenari
     assert run_session(EngineEndpoint(vllm_url, MODEL_NAME), 32, body) == got and len(calls) == 2 * first
 
 
-def test_agent_sessions_from_live_traffic_teach_the_tool(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory,
-                                                         shop: Scenario, shop_recipe_params: dict[str, Any],
-                                                         tiny: Path) -> None:
-    """Simulated agents through the gateway (the client executes price(item) via the scenario's
-    environment, one x-reef-session per run, one session report on the final answer); rft on the
-    whole rewarded sessions (masked loss) lifts held-out success on items never in the traffic."""
-    from reef.config import GateSettings
-    from reef.gate.arms import Weights
-    from reef.gate.evaluate import gate_weights
+def _round_done(url: str) -> dict | None:
+    """The learner's status for shop once its first round has finished, else None."""
+    learner = httpx.get(f"{url}/reef/status").json().get("learner", {}).get("scenarios", {}).get("shop", {})
+    done = learner.get("rounds", 0) >= 1 and learner.get("last_round") and not learner.get("running")
+    return learner if done else None
+
+
+def test_smollm2_learns_the_tool_from_corrected_sessions(tmp_path: Path) -> None:
+    """The example on the default model, live: SmolLM2 at first answers in prose, so the simulated
+    reviewer replaces each missing call with the right one and corrects the wrong answers; the
+    learner's first round trains on those corrected turns and the gate releases it; then the
+    model's own calls are parsed by vLLM's hermes parser, executed by the environment, recorded
+    with the tool's result in the next turn, reported, and trained on by rft."""
+    from reef.config import DEFAULT_MODEL
+    from reef.demo.run import write_config
+    from reef.model.smollm2 import convert, is_current
+    from reef.serve_process import ServeProcess
     from reef.traffic.simulate import simulate
 
-    summary = simulate(gateway.url, shop, requests=384, concurrency=16, seed=0, progress=False)
-    assert summary.errors == 0 and summary.reports == 384
-    multi = [ids for ids in summary.sessions.values() if len(ids) > 1]
-    assert multi, "no simulated agent called the tool"
-    wait_flushed(gateway)
-    first, second = (httpx.get(f"{gateway.url}/reef/records/{r}", headers={"x-reef-scenario": "shop"}).json()
-                     for r in multi[0][:2])
-    assert first["choices"][0]["tool_calls"][0]["name"] == "price"
-    assert second["messages"][-1]["role"] == "tool"
-    assert second["gen_ai.conversation.id"] == first["gen_ai.conversation.id"]
-    params = shop_recipe_params
-    assert params["trajectories"] and not params["drop_duplicates"]
-    recipe = load_recipe("rft", {**params, "scenario": "shop", "base_model": str(tiny)}, declared=shop)
-    snap = Snapshot.create("shop", gateway.data_dir, recipe.experience(), root=tmp_path_factory.mktemp("snap"),
-                           ledger_root=tmp_path_factory.mktemp("ledger"))
-    assert snap.trajectories()["turns"].max() >= 2
-    candidate = recipe.run(snap, out_root=tmp_path_factory.mktemp("cand"), progress=False)
-    suite = eval_suite(shop)
-    suite.tasks = suite.tasks[:40]
-    result = gate_weights(Weights.of_folder(candidate.path), Weights(tiny), suite, GateSettings(samples=4),
-                          progress=False)
-    assert result.decision == "select", result.reason
-    assert result.candidate_success >= result.head_success + 0.2, result.reason
+    if not is_current(DEFAULT_MODEL):
+        convert(DEFAULT_MODEL)
+    work = tmp_path / "shop"
+    work.mkdir()
+    config_file = write_config(work, SHOP)
+    config = yaml.safe_load(config_file.read_text())
+    # The example as it is, smaller: the test shares the machine with the rest of the suite.
+    config["recipes"]["shop-rft"].update(min_records=24)
+    config["recipes"]["shop-rft"]["params"]["max_steps"] = 8
+    config["scenarios"]["shop"]["eval"]["limit"] = 16
+    config_file.write_text(yaml.safe_dump(config))
+    declared = get_scenario("shop", resolve(config_file=config_file)[0])
+    server = ServeProcess(work)
+    server.start()
+    try:
+        # One wave of agents, then no traffic while the learner's round trains on it (the test
+        # shares two cores with the rest of the suite), then a wave served by what it released.
+        simulate(server.url, declared, requests=16, concurrency=16, seed=0, progress=False)
+        deadline = time.monotonic() + 900
+        while (status := _round_done(server.url)) is None:
+            assert time.monotonic() < deadline, "the learner's first round did not finish"
+            time.sleep(2.0)
+        first = status["last_round"]
+        assert first["gate"]["decision"] == "select" and first["release"] == "shop@r1", first
+        wait_for(lambda: httpx.get(f"{server.url}/reef/status").json()["scenarios"]["shop"]["serving_release"]
+                 == "shop@r1", timeout=120)
+        after = simulate(server.url, declared, requests=8, concurrency=8, seed=1, progress=False)
+        wait_flushed(server)
+    finally:
+        server.stop()
+    assert first["metrics"]["corrections"] > 0 and first["gate"]["head_success"] <= 0.3, first
+    assert after.errors == 0 and after.mean_score > 0, "the released model earns rewards on its own"
+
+    frame = load("shop", server.data_dir).collect()
+    learned = frame.filter((pl.col("release_id") == "shop@r1") & pl.col("correction").is_null())
+    calls = [row for row in learned.iter_rows(named=True)
+             if row["choices"][0]["tool_calls"] and row["choices"][0]["tool_calls"][0]["name"] == "price"]
+    assert calls, "the released model never called the tool"
+    by_session = frame.group_by(SESSION_COL).agg(pl.col("record_id"), pl.col("messages")).rows_by_key(SESSION_COL)
+    executed = 0
+    for row in calls:
+        item = json.loads(row["choices"][0]["tool_calls"][0]["arguments"]).get("item")
+        (record_ids, messages), = by_session[row[SESSION_COL]]
+        later = [m for turn in messages for m in turn if m["role"] == "tool"]
+        executed += any(m["content"].startswith(f"{item}: ") for m in later)
+        assert row["score"] is not None, "the session's report credits the call"
+    assert executed, "no recorded call's result came back from the environment"
+
+    rft = load_recipe("rft", {**config["recipes"]["shop-rft"]["params"], "scenario": "shop", "max_steps": 1,
+                              "per_device_batch_size": 2, "base_model": str(DEFAULT_MODEL)}, declared=declared)
+    snap = Snapshot.create("shop", server.data_dir, rft.experience(), root=tmp_path / "snap",
+                           ledger_root=tmp_path / "ledger")
+    rewarded = {r["record_id"] for r in calls if r["score"] >= 1.0}
+    assert rewarded & set(snap.record_ids), "a rewarded call of the model's own is in the training snapshot"
+    candidate = rft.run(snap, out_root=tmp_path / "cands", progress=False)
+    assert candidate.metrics["train_samples"] == len(snap.record_ids) and candidate.training_log

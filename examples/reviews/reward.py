@@ -1,20 +1,17 @@
-"""The reviews scenario's reward: a TRL-style batch reward function, the `reward_funcs` signature of
-`trl.GRPOTrainer`, so the same function works in a TRL script and in Reef unchanged.
-
-Reef calls it with conversational prompts and completions and every other field of the task rows
-as a keyword column (here `label`, and `task_id`/`product`, which it ignores).
+"""The reviews scenario's reward: a TRL-style batch reward function (`trl.GRPOTrainer`'s
+`reward_funcs` signature), strict as an application that routes on the reply would be: the whole
+reply must be `Team: <team>` (a trailing period allowed) naming the complaint's team.
 """
 
 import re
 
-_LABEL = re.compile(r"Label:\s*(positive|negative)\b", re.IGNORECASE)
+_REPLY = re.compile(r"^\s*Team:\s*(delivery|quality|setup|billing)\s*\.?\s*$")
 
 
-def reward(prompts, completions, label, **kwargs):
-    """1.0 when the first `Label: ...` in the reply is the review's label, else 0.0."""
+def reward(prompts, completions, team, **kwargs):
     scores = []
-    for completion, want in zip(completions, label):
+    for completion, want in zip(completions, team, strict=True):
         text = completion[0]["content"] if isinstance(completion, list) else completion
-        match = _LABEL.search(text or "")
-        scores.append(1.0 if match and match.group(1).lower() == want else 0.0)
+        match = _REPLY.match(text or "")
+        scores.append(1.0 if match and match.group(1) == want else 0.0)
     return scores

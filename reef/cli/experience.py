@@ -37,7 +37,8 @@ def add_parsers(sub: Any) -> None:
     report.add_argument("record_id")
     report.add_argument("--score", type=finite, required=True)
     report.add_argument("--feedback")
-    report.add_argument("--correction", help="the reply that was wanted instead (a target rft trains on)")
+    report.add_argument("--correction", help="the reply that was wanted instead (a target rft trains on): text, "
+                        "or an assistant message as JSON (a corrected tool call)")
     report.add_argument("--scenario", default="default")
     report.add_argument("--url", default=DEFAULT_URL)
 
@@ -110,9 +111,11 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from reef.experience.schema import correction_message
+
     body = {"agent_record_id": args.record_id, "score": args.score, "feedback": args.feedback}
     if args.correction is not None:
-        body["correction"] = args.correction
+        body["correction"] = correction_message(args.correction) or args.correction
     resp = request("POST", f"{args.url}/reef/report", json=body, headers={"x-reef-scenario": args.scenario})
     if resp.status_code >= 400:
         message = resp.json().get("error", {}).get("message", resp.text)

@@ -74,8 +74,9 @@ def write_config(workdir: Path, example: Path = EXAMPLE) -> Path:
     import yaml
 
     config = yaml.safe_load((example / "serve.yaml").read_text())
-    for name in ("reward.py", "eval.jsonl", "tasks.jsonl"):
-        shutil.copy2(example / name, workdir / name)
+    for path in example.iterdir():  # what serve.yaml names: rewards, environments, task files
+        if path.is_file() and path.suffix in {".py", ".jsonl", ".json", ".yaml"} and path.name != "serve.yaml":
+            shutil.copy2(path, workdir / path.name)
     config = {"model": str(DEFAULT_MODEL.resolve()), "served_model_name": DEFAULT_MODEL_NAME,
               "store": {"flush_interval_s": 0.5}, **config}
     config["learner"] = {**config.get("learner", {}), "enabled": True, "interval_s": 2}

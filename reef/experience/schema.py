@@ -145,11 +145,25 @@ class Report(BaseModel):
     feedback: str | None = None
     # The reply the application wanted instead (a user's fix of the model's draft): a hindsight
     # target that recipes taking corrections (rft) train on when the score is too low to imitate.
+    # Text, or an assistant message (a corrected tool call) as JSON: see `correction_message`.
     correction: str | None = None
     metadata_json: str = "{}"
     created_at: datetime
     # sha256 of the report's content: same report_id with another content is a conflict.
     content_hash: str
+
+
+def correction_message(correction: str | None) -> dict[str, Any] | None:
+    """The assistant message a stored correction holds, or None when it is plain text. A message
+    is stored as its JSON object with `"role": "assistant"` (what `POST /reef/report` writes for a
+    `correction` given as a message); any other text is a reply's text."""
+    if not correction or not correction.startswith("{"):
+        return None
+    try:
+        value = orjson.loads(correction)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) and value.get("role") == "assistant" else None
 
 
 # --- datasets.Features: the on-disk schema of the parquet shards -----------------------------

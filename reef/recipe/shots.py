@@ -24,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from reef.experience.schema import correction_message
 from reef.registry.harness import SHOTS_FILE
 
 
@@ -76,9 +77,23 @@ def rewarded_replies(frame: pl.DataFrame, at_least: float) -> list[Rewarded]:
 
 
 def correction_shot(messages: list[dict[str, Any]], correction: str | None) -> Shot | None:
-    """The example a corrected reply makes: the last user message and the correction."""
+    """The example a corrected reply makes: the last user message and the correction (its text, or
+    the tool calls of a correction given as an assistant message)."""
     user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-    return Shot(user, correction) if correction and user else None
+    if not correction or not user:
+        return None
+    message = correction_message(correction)
+    if message is None:
+        return Shot(user, correction)
+    calls = tuple(_call(c) for c in message.get("tool_calls") or ())
+    text = message.get("content") or ""
+    return Shot(user, text, calls) if text or calls else None
+
+
+def _call(raw: dict[str, Any]) -> tuple[str, str]:
+    function = raw.get("function") or raw
+    arguments = function.get("arguments") or "{}"
+    return function.get("name") or "", arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 def pick_shots(shots: list[Shot | None], limit: int) -> list[Shot]:

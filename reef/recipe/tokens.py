@@ -2,9 +2,10 @@
 a re-tokenization of the recorded text (which can split differently and drifts from the served
 logprobs).
 
-(The exceptions: a report's `correction`, text that was never served, see `with_corrections`; and a
-tool call sampled under guided decoding, whose served tokens are the JSON the grammar forced, not
-what the model writes unconstrained, see `assistant_turn_ids`.)
+(The exceptions: a report's `correction`, text or an assistant message that was never served, see
+`with_corrections`; and a tool call sampled under guided decoding, whose served tokens are the JSON
+the grammar forced, not what the model writes unconstrained. Both are rendered by one function,
+`assistant_turn_ids`.)
 
 Too long for `max_length`: the prompt is cut from the LEFT, so the completion (what is trained)
 and the context right before it stay whole. Only a completion longer than `max_length` by itself
@@ -19,6 +20,8 @@ from typing import Any
 
 import datasets
 import polars as pl
+
+from reef.experience.schema import correction_message
 
 IGNORE = -100
 
@@ -62,11 +65,25 @@ def with_corrections(samples: pl.DataFrame, tokenizer: Any, min_score: float | N
         "record_id", keep="first", maintain_order=True)
     if fixes.is_empty():
         return kept, 0
-    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] + end for text in fixes["correction"]]
+    ids = [correction_ids(tokenizer, text) for text in fixes["correction"]]
     fixes = fixes.with_columns(completion_ids=pl.Series(ids, dtype=samples.schema["completion_ids"]),
                                text=pl.col("correction"))
     return pl.concat([kept, fixes.select(kept.columns)]), fixes.height
+
+
+def correction_ids(tokenizer: Any, correction: str) -> list[int]:
+    """The token ids of a correction as the model would have served it, ending with its
+    end-of-turn token: text as tokenized, an assistant message (a corrected tool call, see
+    `correction_message`) as the chat template renders that turn (`assistant_turn_ids`), so a
+    tool call is learned in exactly the markup the engine's tool parser reads. The turn is rendered
+    after a stand-in user message: a template writes an assistant turn the same after any prompt."""
+    end = tokenizer.eos_token_id
+    message = correction_message(correction)
+    if message is None:
+        ids = list(tokenizer(correction, add_special_tokens=False)["input_ids"])
+    else:
+        ids = assistant_turn_ids(tokenizer, [{"role": "user", "content": "-"}], message)
+    return ids if end is None or ids[-1:] == [end] else [*ids, end]
 
 
 def assistant_turn_ids(tokenizer: Any, messages: list[dict[str, Any]], reply: dict[str, Any],

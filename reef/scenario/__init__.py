@@ -24,12 +24,12 @@ from reef.scenario.schema import (
     RecipeSpec,
     Scenario,
 )
-from reef.scenario.suite import EvalSuite, ScenarioError, Task, correction, load_tasks
+from reef.scenario.suite import EvalSuite, ScenarioError, Task, correction, load_tasks, reference_turn, same_calls
 
 __all__ = [
     "ENTRY_POINT_GROUP", "CanaryConfig", "Environment", "EnvironmentSpec", "EpisodeState", "EvalSpec", "EvalSuite",
     "HarnessSpec", "JudgeReward", "JudgeSpec", "NextTurnRule", "NextTurnSpec", "RecipeSpec",
     "RewardError", "RewardFn", "Scenario", "ScenarioError", "Score", "Task", "ToolCall", "ToolEnvironmentError",
-    "all_scenarios", "correction", "environment_for", "eval_suite",
+    "all_scenarios", "correction", "environment_for", "eval_suite", "reference_turn", "same_calls",
     "get_scenario", "load_tasks", "packaged_scenarios", "parse_judge_score", "reward_for", "training_tasks",
 ]

@@ -3,7 +3,8 @@
 A task is one JSON object: `{"messages": [...], "tools": [...]?, ...}`. `messages` is the chat
 the model is sent (OpenAI format); every other field is the task's own (an answer, a test, an
 id) and reaches the reward unchanged; `reference`, when a row has one, is the reply wanted (what a
-user who rejects a reply reports as its `correction`). Rows come from a JSON lines file or a `datasets` folder
+user who rejects a reply reports as its `correction`), or for an agent task the list of assistant
+turns wanted (see `reference_turn`). Rows come from a JSON lines file or a `datasets` folder
 (`Dataset.save_to_disk` or parquet files).
 """
 
@@ -26,6 +27,37 @@ def correction(task: Task, score: float, accept: float) -> str | None:
     knows the wanted reply reports with a rejected one."""
     reference = task.get("reference")
     return reference if score < accept and isinstance(reference, str) and reference else None
+
+
+def reference_turn(task: Task, k: int) -> dict[str, Any] | None:
+    """The assistant turn wanted at an agent episode's turn `k` (0-based), when the task's
+    `reference` is a list of assistant messages (tool calls as `{"function": {"name", "arguments"}}`,
+    the final answer as `content`); None past its end or for a text `reference`."""
+    reference = task.get("reference")
+    if not isinstance(reference, list) or not 0 <= k < len(reference) or not isinstance(reference[k], dict):
+        return None
+    wanted = reference[k]
+    return {"role": "assistant", **{key: wanted[key] for key in ("content", "tool_calls") if key in wanted}}
+
+
+def same_calls(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two assistant messages make the same tool calls: names and arguments (parsed when
+    JSON, so spacing does not matter), in order; ids are ignored."""
+    return _calls(a) == _calls(b)
+
+
+def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or call
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        out.append((fn.get("name"), arguments))
+    return out
 
 
 class ScenarioError(ValueError):

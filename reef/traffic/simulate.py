@@ -18,7 +18,10 @@ it, go to `summary.latencies`.
 For a scenario with an `environment`, each user is an agent instead: its session (`x-reef-session`)
 runs model turns until the final answer, the environment executing every tool call on the client
 side in between, and the session is reported as a whole (`session_id`) with the final answer's
-score. Then `requests` is the number of sessions; `summary.requests` counts model calls.
+score. Where the task carries its `reference` turns, a reviewer who knows the procedure watches
+(a human in the loop): a wrong or missing tool call is replaced by the right one before it runs,
+and each replaced turn, like a wrong final answer, gets its own report with the turn wanted as its
+`correction`. Then `requests` is the number of sessions; `summary.requests` counts model calls.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from reef.scenario import (
     correction,
     environment_for,
     get_scenario,
+    reference_turn,
     reward_for,
+    same_calls,
     training_tasks,
 )
 from reef.scenario.reward import RewardFn
@@ -134,14 +139,19 @@ async def _one_user(
 async def _one_agent(
     client: openai.AsyncOpenAI, http: httpx.AsyncClient, model: str, task: Task, reward: RewardFn,
     environment: Environment, max_turns: int, summary: SimulationSummary, temperature: float, max_tokens: int,
+    reviewed: bool = True,
 ) -> None:
     """One agent session: model turns through the gateway, the tool calls executed here by the
     scenario's environment (as a real agent's client executes them), then one report for the whole
-    session on its final answer."""
+    session on its final answer. With `reference` turns, a reviewer watches: a turn that does not
+    make the reference's tool call is replaced by it (the session goes on from the right call), and
+    each replaced turn, like a failed final answer, gets its own report with the wanted turn as its
+    `correction`. `reviewed=False`: no reviewer (the session's report only)."""
     session_id = f"sim-{uuid.uuid4().hex}"
     state = EpisodeState(task, environment, max_turns)
     extra = {"tools": task["tools"]} if task.get("tools") else {}
-    record_ids = []
+    record_ids: list[str] = []
+    fixes: list[tuple[str, dict[str, Any]]] = []  # (record id, the turn wanted there)
     while not state.done:
         sent, t0 = time.time(), time.perf_counter()
         raw = await client.chat.completions.with_raw_response.create(
@@ -151,12 +161,20 @@ async def _one_agent(
         summary.latencies.append((sent, time.perf_counter() - t0))
         record_ids.append(raw.headers["x-reef-agent-record-id"])
         summary.requests += 1
-        await asyncio.to_thread(state.advance, raw.parse().choices[0].message.model_dump(exclude_none=True))
+        message = raw.parse().choices[0].message.model_dump(exclude_none=True)
+        wanted = reference_turn(task, len(record_ids) - 1) if reviewed else None
+        if wanted is not None and wanted.get("tool_calls") and not same_calls(message, wanted):
+            fixes.append((record_ids[-1], wanted))
+            message = {**wanted, "tool_calls": [{"id": f"call_{k}", **c} for k, c in enumerate(wanted["tool_calls"])]}
+        await asyncio.to_thread(state.advance, message)
     score = (await asyncio.to_thread(reward, [task], [state.reply or ""]))[0]
     summary.sessions[record_ids[0]] = record_ids
     if score.value is None:
         summary.unscored += 1
         return
+    wanted = reference_turn(task, len(record_ids) - 1) if reviewed else None
+    if score.value < SATISFIED and wanted is not None and not wanted.get("tool_calls"):
+        fixes.append((record_ids[-1], wanted))
     metadata = {"turns": state.turns, "tool_calls": state.tool_calls,
                 **({"task_id": task["task_id"]} if "task_id" in task else {})}
     resp = await http.post("/reef/report", json={"session_id": session_id, "score": score.value,
@@ -164,6 +182,11 @@ async def _one_agent(
     resp.raise_for_status()
     summary.reports += 1
     summary.scores.append(score.value)
+    for record_id, turn in fixes:  # after the session's report: a turn's own report is the latest
+        resp = await http.post("/reef/report", json={"agent_record_id": record_id, "score": 0.0,
+                                                     "correction": turn, "metadata": metadata})
+        resp.raise_for_status()
+        summary.reports += 1
 
 
 def _declared(scenario: str | Scenario, config: ServeConfig | None) -> Scenario:
@@ -179,7 +202,7 @@ async def simulate_async(
     """`scenario` is a name declared by a package or `config` (serve.yaml), or a `reef.Scenario`.
     Replies are at most `max_tokens` long (default: the eval suite's `max_new_tokens`, else 64).
     `requests` chats in all, follow-up turns included. `corrections=False`: scores only, never a task's
-    reference as a correction (a rewards-only scenario)."""
+    reference as a correction (a rewards-only scenario), and no reviewer beside an agent."""
     declared = _declared(scenario, config)
     tasks = list(training_tasks(declared))
     random.Random(seed).shuffle(tasks)
@@ -206,7 +229,8 @@ async def simulate_async(
                 try:
                     if environment is not None and declared.environment is not None:
                         await _one_agent(client, http, model, tasks[i % len(tasks)], reward, environment,
-                                         declared.environment.max_turns, summary, temperature, max_tokens)
+                                         declared.environment.max_turns, summary, temperature, max_tokens,
+                                         corrections)
                     elif budget[0] > 0:
                         react = reactions if rng.random() < follow_up_share else 0
                         await _one_user(client, http, model, tasks[i % len(tasks)], reward, react, summary,

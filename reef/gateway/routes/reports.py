@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from reef.config import ApiKey
 from reef.core.clock import utcnow
@@ -37,6 +37,38 @@ _NAMES_A_RECORD: dict[str, Any] = {"anyOf": [
 ]}
 
 
+class CorrectionFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = Field(default_factory=dict, description="JSON text or an object")
+
+
+class CorrectionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CorrectionFunction
+
+
+class CorrectionMessage(BaseModel):
+    """The assistant turn that was wanted, as a chat message: how a tool call is corrected (the
+    model's chat template renders it, so the client never writes `<tool_call>` markup)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[CorrectionCall] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _says_something(self) -> CorrectionMessage:
+        if not self.content and not self.tool_calls:
+            raise ValueError("a correction message needs content or tool_calls")
+        return self
+
+
 class ReportIn(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_NAMES_A_RECORD)
 
@@ -45,8 +77,9 @@ class ReportIn(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, description="credit every turn of this session")
     score: float = Field(allow_inf_nan=False)
     feedback: str | None = None
-    correction: str | None = Field(default=None, min_length=1, description=(
-        "the reply that was wanted instead: a hindsight target recipes such as rft train on"))
+    correction: str | CorrectionMessage | None = Field(default=None, description=(
+        "the reply that was wanted instead: a hindsight target recipes such as rft train on; text, or an "
+        "assistant message with tool_calls to correct a tool call"))
     metadata: dict[str, Any] = Field(default_factory=dict)
     report_id: str | None = None
 
@@ -58,11 +91,36 @@ class ReportIn(BaseModel):
             raise ValueError("score must be a finite number")
         return value
 
+    @field_validator("correction", mode="before")
+    @classmethod
+    def _text_or_message(cls, value: Any) -> Any:
+        # Checked here, not by the union, so an error names `correction` itself (not a union branch).
+        if value is None or isinstance(value, CorrectionMessage):
+            return value
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("correction must not be empty")
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("correction must be text or an assistant message")
+        try:
+            return CorrectionMessage.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"correction as a message: {where + ': ' if where else ''}{first['msg']}") from None
+
     @model_validator(mode="after")
     def _names_records(self) -> ReportIn:
         if not self.record_ids() and not self.session_id:
             raise ValueError("name a record or a session: agent_record_id, references or session_id")
         return self
+
+    def stored_correction(self) -> str | None:
+        """The correction as the Report column holds it: text as given, a message as its JSON."""
+        if isinstance(self.correction, CorrectionMessage):
+            return orjson.dumps(self.correction.model_dump(exclude_none=True)).decode()
+        return self.correction
 
     def record_ids(self) -> list[str]:
         ids = ([self.agent_record_id] if self.agent_record_id else []) + list(self.references or [])
@@ -109,7 +167,8 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     if body.session_id:
         content.append(body.session_id)
     if body.correction is not None:  # appended only when given: older reports keep their hashes
-        content.append({"correction": body.correction})
+        content.append({"correction": body.correction if isinstance(body.correction, str)
+                        else body.correction.model_dump(exclude_none=True)})
     content_hash = sha256_json(content)
     report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
     if st.inflight_reports.get(report_id) is not None:  # a concurrent retry of the same report
@@ -127,7 +186,7 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     try:
         await st.store.append_report(Report(
             report_id=report_id, scenario=scenario, record_ids=record_ids, session_id=body.session_id,
-            score=body.score, feedback=body.feedback, correction=body.correction,
+            score=body.score, feedback=body.feedback, correction=body.stored_correction(),
             metadata_json=orjson.dumps(body.metadata).decode(),
             created_at=utcnow(), content_hash=content_hash,
         ))
