@@ -366,11 +366,14 @@ def main(argv: list[str] | None = None) -> int:
                         "running then stops, marked as cut (default: none)")
     parser.add_argument("--workdir", type=Path, help="keep each arm's server data here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=OUT / "live_learning.json")
+    parser.add_argument("--remark", default=None, help="a sentence published above the figures (what the run shared "
+                        "the machine with)")
     parser.add_argument("--report-only", action="store_true", help="no run: print and publish what --out holds")
     add_flag(parser)
     args = parser.parse_args(argv)
     if args.report_only:
-        publish(args, "live_learning", *report(json.loads(args.out.read_text())))
+        remark = [Text(args.remark, style="italic")] if args.remark else []
+        publish(args, "live_learning", *remark, *report(json.loads(args.out.read_text())))
         return 0
     # A SIGTERM (or a SIGINT where the shell ignores it) stops the arm's server through the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
