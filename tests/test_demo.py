@@ -20,6 +20,9 @@ from reef.demo.loop import per_release
 pytestmark = pytest.mark.start_early(0)
 
 
+# The demo's own budget is 600 s of waves; the server's start (a first conversion of the model
+# included) comes on top, so the test's limit is above pyproject's 600 s.
+@pytest.mark.timeout(900)
 def test_make_demo_lifts_held_out_success_by_30_points(tmp_path: Path) -> None:
     # The example as it is, but 8 LoRA steps instead of 12 (bench/smollm2_probe measured 98 % held-out
     # after 8 steps of the same SFT): the test shares the machine with the rest of the suite.

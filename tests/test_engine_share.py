@@ -1,7 +1,7 @@
 """Users first (reef.sampling.sharing) on the session's real vLLM behind a real gateway: while a
 user's call runs through the gateway, a round's session (which asks the engine directly) keeps at
-most `beside_users` of its sequences in flight, reading the users' count from the gateway's
-/metrics; without yielding it fills its concurrency."""
+most `beside_users` of its sequences in flight (or `per_user` per user call, when more), reading the
+users' count from the gateway's /metrics; without yielding it fills its concurrency."""
 
 from __future__ import annotations
 
@@ -37,17 +37,20 @@ async def _load(client: httpx.AsyncClient) -> int:
     return gauge_value((await client.get("/metrics")).text)
 
 
-async def _beside_a_user(url: str, gateway: str, beside_users: int | None) -> tuple[int, int, int]:
-    """Eight one-sequence samples asked while a user's request runs: the most of the session's
-    sequences in flight meanwhile, how many samples came back, and the engine's load when they all
-    had (the user still there: at least 1)."""
-    engine = EngineEndpoint(url, MODEL_NAME, beside_users=beside_users, alone=8, users_url=f"{gateway}/metrics")
+async def _beside_a_user(url: str, gateway: str, beside_users: int | None, users: int = 1,
+                         per_user: float = 0.0) -> tuple[int, int, int]:
+    """Eight one-sequence samples asked while `users` users' requests run: the most of the
+    session's sequences in flight meanwhile, how many samples came back, and the engine's load when
+    they all had (the users still there: at least `users`)."""
+    engine = EngineEndpoint(url, MODEL_NAME, beside_users=beside_users, per_user=per_user, alone=8,
+                            users_url=f"{gateway}/metrics")
     session = EngineSession(engine, concurrency=8)
     most = 0
     async with httpx.AsyncClient(base_url=gateway, timeout=120) as client:
-        started = asyncio.Event()
-        user = asyncio.create_task(_user_request(client, started))
-        await started.wait()
+        starts = [asyncio.Event() for _ in range(users)]
+        streams = [asyncio.create_task(_user_request(client, started)) for started in starts]
+        for started in starts:
+            await started.wait()
         done = asyncio.Event()
 
         async def watch() -> None:
@@ -62,9 +65,10 @@ async def _beside_a_user(url: str, gateway: str, beside_users: int | None) -> tu
         done.set()
         load_after = await _load(client)
         await watcher
-        user.cancel()  # the client goes away: vLLM aborts the request
-        with contextlib.suppress(asyncio.CancelledError):
-            await user
+        for user in streams:
+            user.cancel()  # the client goes away: vLLM aborts the request
+            with contextlib.suppress(asyncio.CancelledError):
+                await user
     await session.release()
     return most, sum(map(len, samples)), load_after
 
@@ -95,3 +99,11 @@ def test_the_gateway_counts_users_calls_in_flight(gateway: Gateway) -> None:
 
     idle, busy = asyncio.run(main())
     assert (idle, busy) == (0, 1)
+
+
+def test_a_busy_engine_gives_a_round_a_share_per_user(vllm_url: str, gateway: Gateway) -> None:
+    """Four users, half a sequence each: two of the round's, not the one `beside_users` alone allows."""
+    most, got, load_after = asyncio.run(_beside_a_user(vllm_url, gateway.url, beside_users=1, users=4,
+                                                       per_user=0.5))
+    assert got == 8 and load_after >= 4
+    assert most == 2, f"{most} of the round's sequences ran beside four users"

@@ -113,8 +113,11 @@ class ShareSettings(_Strict):
     """How a round's engine requests (rollouts, the gate's replies) share the engine with users
     (reef.sampling.sharing): counted in sequences, a request's `n` choices being `n`."""
 
-    beside_users: int | None = Field(default=1, ge=1, description="a round's sequences in flight while the engine "
-                                     "serves anyone else; null: no yielding (a GPU engine with room to spare)")
+    beside_users: int | None = Field(default=2, ge=1, description="a round's sequences in flight while the engine "
+                                     "serves anyone else (at least); null: no yielding (a GPU engine with room to "
+                                     "spare)")
+    per_user: float = Field(default=0.5, ge=0, description="beside users, this many of a round's sequences per user "
+                            "call in flight when that is more than `beside_users` (0.5: at most a third of the batch)")
     alone: int | None = Field(default=8, ge=1, description="a round's sequences in flight while it serves no one "
                               "else (a user who arrives waits behind them); null: the recipe's or gate's concurrency")
 

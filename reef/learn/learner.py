@@ -410,8 +410,8 @@ class Learner:
         if not (self.engine_url and self.engine_model):
             return None
         share = self.config.learner.share
-        return EngineEndpoint(self.engine_url, self.engine_model, beside_users=share.beside_users, alone=share.alone,
-                              users_url=self.users_url)
+        return EngineEndpoint(self.engine_url, self.engine_model, beside_users=share.beside_users,
+                              per_user=share.per_user, alone=share.alone, users_url=self.users_url)
 
     def _append_round(self, entry: dict[str, Any]) -> None:
         """One line of `learner/rounds.jsonl`, synced before the learner goes on."""

@@ -53,9 +53,10 @@ class EngineEndpoint:
     url: str  # base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
     model: str
     # Users first (reef.sampling.sharing): sequences a session keeps in flight while users' calls are,
-    # and while none is, counted at `users_url` (the gateway's /metrics). None: no yielding (no users
-    # to protect), the caller's concurrency.
+    # (or `per_user` for each of theirs, when more), and while none is, counted at `users_url` (the
+    # gateway's /metrics). None: no yielding (no users to protect), the caller's concurrency.
     beside_users: int | None = None
+    per_user: float = 0.0
     alone: int | None = None
     users_url: str | None = None
 
@@ -114,7 +115,8 @@ class EngineSession:
         self.weights = EngineWeights(engine.base_url, timeout_s=timeout_s)
         self.http = httpx.AsyncClient(base_url=engine.base_url, timeout=timeout_s, limits=httpx.Limits(
             max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1))  # +1: the share's /metrics
-        self.share = EngineShare(self.http, concurrency, engine.beside_users, engine.alone, engine.users_url)
+        self.share = EngineShare(self.http, concurrency, engine.beside_users, engine.alone, engine.users_url,
+                                 per_user=engine.per_user)
         self.loaded: list[str] = []
 
     async def _json(self, path: str, **params: Any) -> Any:

@@ -6,8 +6,12 @@ as the batch is bigger (SmolLM2 on one core: ~18 tokens/s for one stream, ~4 per
 a round that fills the batch with its own samples slows every user's reply by the same factor.
 vLLM's priority scheduling does not help: it orders the waiting queue, and a batch that has room
 runs everything. So the round holds back instead: while the engine serves anyone else, at most
-`beside_users` of its sequences are in flight; while it serves no one, `alone` (a user who arrives
-then waits behind those until they finish, so it is kept small too). The session's own bound on
+`beside_users` of its sequences are in flight, or `per_user` for each user call in flight when that
+is more (a fixed few would starve a round beside a busy engine: 1 sequence beside 16 users decodes at
+a 17th of the batch's pace, and a gate of 200 replies then takes longer than the users' patience
+for a release; half a sequence per user keeps the round at most a third of the batch); while it
+serves no one, `alone` (a user who arrives then waits behind those until they finish, so it is
+kept small too). The session's own bound on
 requests in flight (a recipe's or the gate's `concurrency`) holds either way.
 
 Who else is served comes from the recording gateway, which serves every user call: its Prometheus
@@ -52,23 +56,26 @@ class EngineShare:
     yielding, at most `beside_users` sequences while the engine serves anyone else and `alone` while
     it does not (a request asks for its `n`; None: no bound of that kind).
 
-    `beside_users` None: no yielding, `concurrency` requests whatever users do (a gate or check run
-    from the command line, with no users to protect). A request bigger than the allowance still
+    `per_user`: beside users, this many sequences per user call in flight when that is more than
+    `beside_users`. `beside_users` None: no yielding, `concurrency` requests whatever users do (a
+    gate or check run from the command line, with no users to protect). A request bigger than the allowance still
     runs when nothing else of this session does, so nothing waits forever."""
 
     def __init__(self, http: httpx.AsyncClient, concurrency: int, beside_users: int | None = None,
-                 alone: int | None = None, users_url: str | None = None, poll_s: float = 0.25,
-                 memory_s: float = 2.0) -> None:
+                 alone: int | None = None, users_url: str | None = None, per_user: float = 0.0,
+                 poll_s: float = 0.25, memory_s: float = 2.0) -> None:
         self.http = http
         self.users_url = users_url
         self.concurrency = concurrency
         self.beside_users = beside_users
         self.alone = alone
+        self.per_user = per_user
         self.poll_s = poll_s
         self.memory_s = memory_s
         self.requests = 0  # this session's requests in flight
         self.mine = 0  # and their sequences
         self.others = 0  # users' calls in flight at the last read
+        self._others_recent, self._recent_at = 0, -float("inf")  # the most seen lately: calls come and go
         self._others_seen_at = -float("inf")
         self.held_s = 0.0  # time requests spent held back for users (what yielding costs a round)
         self._read_at = 0.0
@@ -97,8 +104,11 @@ class EngineShare:
         finally:
             self._reading = False
         self.others = gauge_value(response.text)
+        now = time.monotonic()
         if self.others:
-            self._others_seen_at = time.monotonic()
+            self._others_seen_at = now
+        if self.others >= self._others_recent or now - self._recent_at >= self.memory_s:
+            self._others_recent, self._recent_at = self.others, now
         async with self._freed:
             self._freed.notify_all()
 
@@ -111,8 +121,15 @@ class EngineShare:
             return False
         if self.mine == 0 or not self.yielding:
             return True
-        allowed = self.beside_users if self.users_present else self.alone
+        allowed = self.allowance()
         return allowed is None or self.mine + n <= allowed
+
+    def allowance(self) -> int | None:
+        """Sequences this session may keep in flight now, when yielding (None: no bound of that kind)."""
+        if not self.users_present:
+            return self.alone
+        assert self.beside_users is not None
+        return max(self.beside_users, int(self.per_user * self._others_recent))
 
     @asynccontextmanager
     async def slot(self, n: int = 1) -> AsyncIterator[None]:
