@@ -12,8 +12,6 @@ from pathlib import Path
 
 import datasets
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from recipes.explore.recipe import SOURCE, target_ids, training_rows
 from reef.config import ServeConfig
@@ -29,6 +27,7 @@ from reef.recipe.tokens import assistant_turn_ids
 from reef.sampling.completion import Completion
 from reef.sampling.engine_tokens import EngineSample, read_samples
 from tests.helpers.records import MANUAL, make_record, make_report
+from tests.helpers.tokenizers import byte_tokenizer
 
 pytestmark = pytest.mark.model_free
 
@@ -40,17 +39,6 @@ ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 CALL = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "chatcmpl-tool-1", "type": "function",
      "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
-
-
-def byte_tokenizer(template: str) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer without merges and with ChatML's two special tokens: any text, no model."""
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>",
-                                   chat_template=template)
 
 
 @pytest.mark.parametrize("template", [SMOLLM2_TEMPLATE, TINY_TEMPLATE], ids=["smollm2", "tiny"])

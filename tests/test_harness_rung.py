@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from reef.config import ServeConfig
 from reef.experience.schema import Choice, Message, ToolCall
@@ -31,6 +29,7 @@ from reef.registry.chain import ReleaseChain
 from reef.registry.harness import SHOTS_FILE, Harness, inject
 from reef.scenario import HarnessSpec, Scenario
 from tests.helpers.records import MANUAL, make_record, make_report
+from tests.helpers.tokenizers import byte_tokenizer
 
 pytestmark = pytest.mark.model_free
 
@@ -38,17 +37,6 @@ S = "weather"
 CALL = ToolCall(id="chatcmpl-tool-1", name="get_weather", arguments='{"city": "Oslo"}')
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-
-
-def byte_tokenizer(template: str) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer without merges and with ChatML's two special tokens: any text, no model."""
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>",
-                                   chat_template=template)
 
 
 def _scenario_files(folder: Path) -> None:
