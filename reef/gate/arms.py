@@ -12,7 +12,9 @@ A harness candidate (prompts, rules, skills; reef.recipe.harness_recipe) runs on
 in both arms: each eval prompt is sent with the candidate's harness in one arm and with the head's
 harness (or none) in the other, applied the way the scenario serves it (`harness.inject`; `off`,
 where clients apply the harness themselves, is gated as `system_prepend`), with the same per-task
-seeds, so the pairs differ only by the harness.
+seeds, so the pairs differ only by the harness. A weights candidate is released with the head's
+harness (a weights release keeps it), so where the gateway applies it both arms' prompts carry it:
+the candidate is judged on the prompts it will serve.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class HarnessArms:
     head: Harness | None
     inject: str = "system_prepend"
 
+    @property
+    def compared(self) -> bool:
+        """Whether the arms differ by their harness (a harness candidate); else both carry the head's."""
+        return self.candidate != self.head
+
     def tasks(self, suite: EvalSuite) -> dict[str, list[Task]]:
         mode = "system_prepend" if self.inject == "off" else self.inject
         return {arm: [t if h is None else {**t, "messages": inject(list(t["messages"]), h, mode)} for t in suite.tasks]
@@ -66,8 +73,8 @@ class HarnessArms:
 
 @dataclass(frozen=True)
 class Arms:
-    """What answers as the candidate and as the head; `harnesses` set: a harness candidate, both
-    arms on the head's weights."""
+    """What answers as the candidate and as the head; `harnesses`: the harness each arm's prompts
+    carry (a harness candidate: both arms on the head's weights)."""
 
     candidate: Weights
     head: Weights
@@ -133,7 +140,18 @@ def registered_arms(store: ArtifactStore, view: CandidateView, head: Release, r0
             load_harness(store, head.harness_id) if head.harness_id else None,
             declared_scenario(view.scenario).harness.inject))
     _check_same_base(store, view.candidate_id, r0)
-    return Arms(Weights(*model_folders(store, view.candidate_id)), head_weights)
+    served = served_harness(store, head, declared_scenario(view.scenario).harness.inject)
+    return Arms(Weights(*model_folders(store, view.candidate_id)), head_weights, served)
+
+
+def served_harness(store: ArtifactStore, head: Release, inject: str) -> HarnessArms | None:
+    """The head's harness in both arms, for a weights candidate, where the gateway applies it
+    (`inject` not `off`: a harness clients fetch themselves is theirs to apply, if at all); None: the
+    prompts as the suite has them."""
+    if head.harness_id is None or inject == "off":
+        return None
+    harness = load_harness(store, head.harness_id)
+    return HarnessArms(harness, harness, inject)
 
 
 def _check_same_base(store: ArtifactStore, candidate: str, r0: Release) -> None:

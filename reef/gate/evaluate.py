@@ -65,9 +65,10 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     Through `engine` when the candidate is a LoRA (or a harness, with `harnesses`: both arms on the
     head's weights) and the head runs on the engine's base weights (`head.served` or an adapter);
     `data_dir` is where gates sharing the engine take turns. `harnesses`: the harness each arm's
-    prompts are sent with (no probe then: a harness release loads no weights to prove)."""
+    prompts are sent with (a harness candidate's gate has no probe: its release loads no weights to
+    prove; the probe is the suite's own first prompt either way)."""
     config = config or GateSettings()
-    if harnesses is not None:
+    if harnesses is not None and harnesses.compared:
         config = config.model_copy(update={"probe_tokens": 0})
     started = time.monotonic()
     # Greedy replies to one prompt are all the same (and vLLM refuses n > 1 without sampling).
