@@ -28,7 +28,22 @@ ENV_PREFIX = "REEF_"
 DEFAULT_TINY_MODEL = Path("data/models/tiny")
 # The model `reef serve` runs when none is named: SmolLM2-135M-Instruct, built from its PyPI wheel
 # on first use (reef.model.smollm2).
-DEFAULT_MODEL = Path("data/models/smollm2-135m-instruct")
+DEFAULT_MODEL_DIR = Path("data/models/smollm2-135m-instruct")
+
+
+def find_default_model(start: Path | None = None) -> Path:
+    """Where the embedded default lives for a process started in `start` (the working folder): its
+    `data/models/...`, else the nearest folder above that holds one (an example's folder inside a
+    checkout uses the checkout's model instead of converting a second copy), else the working
+    folder's, where it is built on first use."""
+    here = Path.cwd() if start is None else start
+    for folder in [here, *here.resolve().parents]:
+        if (folder / DEFAULT_MODEL_DIR / "config.json").is_file():
+            return DEFAULT_MODEL_DIR if folder == here else folder / DEFAULT_MODEL_DIR
+    return DEFAULT_MODEL_DIR
+
+
+DEFAULT_MODEL = find_default_model()
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 
