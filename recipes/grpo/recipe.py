@@ -80,7 +80,7 @@ class GRPO(Recipe):
                              "(the learner's, or --engine-url)")
         if scenario.environment is not None:
             raise ValueError(f"scenario {scenario.name!r} has an environment: grpo samples one model turn per task")
-        tasks, _ = practice_tasks(scenario)
+        tasks, _ = practice_tasks(scenario, self.served_harness)
         picked = random.Random(c.sample_seed).sample(range(len(tasks)), min(c.max_prompts, len(tasks)))
         self._tasks: dict[int, Task] = {i: tasks[i] for i in picked}
         self._rollouts: list[Rollout] = []

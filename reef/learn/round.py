@@ -40,6 +40,8 @@ from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.base_model import base_of, ensure_scenario
 from reef.registry.candidates import GateResult, register_candidate
+from reef.registry.chain import ReleaseChain
+from reef.registry.harness import Harness, load_harness
 from reef.registry.schema import Candidate
 from reef.sampling.engine import EngineEndpoint
 
@@ -70,6 +72,14 @@ def from_head(plan: RoundPlan) -> RoundPlan:
     return plan
 
 
+def served_harness(data_dir: Path | str, recipe: Recipe) -> Harness | None:
+    """The head's harness where the gateway injects it into served prompts (`harness.inject` not off)."""
+    head = ReleaseChain.for_data_dir(data_dir, recipe.config.scenario).head()
+    if head is None or head.harness_id is None or recipe.scenario().harness.inject == "off":
+        return None
+    return load_harness(ArtifactStore.for_data_dir(data_dir), head.harness_id)
+
+
 def take_snapshot(plan: RoundPlan, recipe: Recipe | None = None) -> Snapshot:
     # An empty snapshot is written, not refused: "nothing new" is the train step's clear failure
     # (EmptySnapshotError), and a recipe that makes its own samples trains on an empty one.
@@ -88,6 +98,7 @@ def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool =
         snapshot = Snapshot.open(plan.snapshot_dir)
     recipe = plan.load_recipe()
     recipe.engine = engine
+    recipe.served_harness = served_harness(plan.data_dir, recipe)
     return recipe.run(snapshot, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
 
 

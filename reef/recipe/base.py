@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import transformers
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from reef.registry.harness import Harness
     from reef.sampling.engine import EngineEndpoint
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,10 @@ class Recipe(ABC):
     # The serving engine (vLLM's OpenAI server and base-model name), for recipes that ask a model
     # (harness_evolve's llm proposer); the round sets it when it has one.
     engine: EngineEndpoint | None = None
+    # The head release's harness where the gateway applies it (`harness.inject` not off): served
+    # prompts carry it, so a recipe that samples prompts of its own (practice tasks) sends them with
+    # it (reef.recipe.practice); the round sets it.
+    served_harness: Harness | None = None
 
     def __init__(self, config: RecipeConfig | None = None, *, declared: Scenario | None = None, **params: Any) -> None:
         if config is not None and params:

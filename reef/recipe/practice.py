@@ -3,6 +3,8 @@ never a task of its eval suite, which must stay unseen for the gate's comparison
 
 A training task counts as an eval task when it has the same `task_id` or the same conversation
 (`messages` and `tools`) as one; the reward scores replies through the scenario's declared reward.
+With the head's harness (a recipe's `served_harness`), the practice tasks' messages are as the
+gateway serves them: the harness injected the scenario's way (`harness.inject`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from reef.registry.harness import Harness, inject
 from reef.scenario import Scenario, ScenarioError, Task, load_tasks, training_tasks
 
 
@@ -31,13 +34,16 @@ class EvalTasks:
         return (task.get("task_id") is not None and str(task["task_id"]) in self.ids) or task_key(task) in self.keys
 
 
-def practice_tasks(scenario: Scenario) -> tuple[list[Task], int]:
-    """The scenario's training tasks that are not eval tasks, and how many were left out as eval tasks."""
+def practice_tasks(scenario: Scenario, harness: Harness | None = None) -> tuple[list[Task], int]:
+    """The scenario's training tasks that are not eval tasks (with `harness` injected as the gateway
+    serves it), and how many were left out as eval tasks."""
     tasks = training_tasks(scenario)
     held_out = EvalTasks(scenario)
     kept = [t for t in tasks if t not in held_out]
     if not kept:
         raise ScenarioError(f"scenario {scenario.name!r}: every task in `tasks:` is also in the eval suite")
+    if harness is not None and scenario.harness.inject != "off":
+        kept = [{**t, "messages": inject(list(t["messages"]), harness, scenario.harness.inject)} for t in kept]
     return kept, len(tasks) - len(kept)
 
 
