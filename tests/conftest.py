@@ -22,6 +22,13 @@ _ENGINE_CACHE = ARTIFACTS / "engine-cache" / os.environ.get("PYTEST_XDIST_WORKER
 os.environ.setdefault("VLLM_CACHE_ROOT", str(_ENGINE_CACHE / "vllm"))
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_ENGINE_CACHE / "inductor"))
 
+# A learner's round runs `learner.round_nice` (10) below the server so users keep the CPU; in the
+# suite, though, the other worker's tests take the CPU at priority 0 and a niced round waits behind
+# them (measured: the demo's 8 training steps unfinished after 10 minutes beside other tests). The
+# servers the tests start run their rounds at their own priority; tests/test_round_priority.py
+# checks the default itself.
+os.environ.setdefault("REEF_LEARNER__ROUND_NICE", "0")
+
 # `make test` runs the suite in two phases (see the Makefile): `-m model_free` on one core while the
 # default model builds on the other, then `-m "not model_free"` on two xdist workers. Each test file
 # says which phase it belongs to with the markers declared in pyproject.toml (`model_free`,
