@@ -27,6 +27,9 @@ Then, for demo-add, plain TRL `GRPOTrainer` (no vLLM: TRL generates with transfo
 base model on the same number of samples (prompts x completions) as the loop recorded, with the
 demo verifier as reward, and is evaluated the same way. Targets: base <= 30 % on each scenario,
 best candidate >= 80 % on demo-add. Results: bench/out/learning_tiny.json and bench/out/learning_tiny.png.
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -61,11 +64,14 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import GateSettings, parse_overrides, resolve  # noqa: E402
-from reef.demo import task as demo  # noqa: E402
 from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.simulate import simulate  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import task as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 EXAMPLES = REPO / "examples"

@@ -22,11 +22,11 @@ import httpx
 import pytest
 import torch
 
-from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
 from reef.sampling.load import load_model
 from reef.traffic.offline import record_offline_traffic
 from tests.helpers import MODEL_NAME, TINY
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm, pytest.mark.start_early(4)]

@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from reef.demo import corpus as demo_corpus
-from reef.demo import task as demo
-from reef.model import tiny
-from reef.model.corpus import build_corpus, contributions
 from reef.scenario import EvalSuite, Scenario, eval_suite, get_scenario, packaged_scenarios, reward_for, training_tasks
+from tests.helpers.tiny import add_corpus as demo_corpus
+from tests.helpers.tiny import model as tiny
+from tests.helpers.tiny import task as demo
+from tests.helpers.tiny.corpus import build_corpus, contributions
 
 pytestmark = pytest.mark.start_early(11)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from reef.model.chat_format import Chat
+from tests.helpers.tiny.chat_format import Chat
 
 CHATS_PER_STAGE = {"learn": 500, "calibrate": 500}
 

@@ -32,8 +32,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from reef.model.corpus import Chat
 from reef.scenario import EvalSpec, HarnessSpec, Scenario
+from tests.helpers.tiny.chat_format import Chat
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = "demo-rules"
@@ -134,7 +134,7 @@ def scenario() -> Scenario:
     return Scenario(
         name=SCENARIO,
         description="name a word's kind (fruit, animal, color); the reply must be the bare label",
-        reward="reef.demo.rules:reward",
+        reward="tests.helpers.tiny.rules:reward",
         eval=EvalSpec(path=Path("data/rules-eval.jsonl"), max_new_tokens=8, samples=4, temperature=1.0),
         tasks=Path("data/rules-tasks.jsonl"),
         # No recipe declared here: a packaged recipe would give every learner-enabled server a round

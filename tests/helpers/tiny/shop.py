@@ -30,7 +30,7 @@ import json
 import random
 from typing import Any
 
-from reef.model.corpus import Chat
+from tests.helpers.tiny.chat_format import Chat
 
 SYSTEM_PROMPT = "You are a shop assistant. Look the price up with the tool. Reply as 'Answer: <price>'."
 TOOL_NAME = "price"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from reef.model.corpus import Chat
+from tests.helpers.tiny.chat_format import Chat
 
 SYSTEM_PROMPT = "Classify the product review as positive or negative. Reply as 'Label: positive' or 'Label: negative'."
 LABELS = ("positive", "negative")
