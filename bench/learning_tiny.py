@@ -5,10 +5,10 @@ model instead: bench/learning.py.
     .venv/bin/python bench/learning_tiny.py [--scenarios demo-add] [--rounds 3] [--requests 512]
                                             [--recipe rft] [--param max_steps=30]
 
-`demo-add` is packaged (single-digit addition, a task the tiny model's corpus taught it with a
-systematic "+1" teacher); `--scenarios` also takes an example folder declared for the tiny model.
+`demo-add` is declared by the tests' helpers (single-digit addition, a task the tiny model's corpus
+taught it with a systematic "+1" teacher); `--scenarios` also takes an example folder declared for the tiny model.
 Per scenario, loop: start `reef serve` (managed vLLM,
-embedded tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
+the tests' tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
 the OpenAI SDK -> wait until the gateway has flushed them -> one learning round with the framework
 (Snapshot.create on the serve data dir, recipe.run, evaluate on the scenario's 80 held-out
 prompts) -> repeat with more traffic. The served model does NOT
@@ -127,7 +127,7 @@ class Result:
 
 def write_serve_yaml(work: Path, scenarios: list[str]) -> Path:
     """The workdir's serve.yaml: every example scenario asked for (examples/<name>/serve.yaml, its
-    files found in its own folder); packaged ones (demo-add) need no declaration; the next-turn arm
+    files found in its own folder); demo-add (the tests' entry points) needs none; the next-turn arm
     is demo-add's declaration under another name (its own records, ledger and chain)."""
     config: dict[str, Any] = {"scenarios": {}, "recipes": {}}
     if NEXT_TURN in scenarios:

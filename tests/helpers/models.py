@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.helpers import TINY
 
-READY = TINY / "reef-model.json"  # written last by `reef.model.tiny.build_tiny`
+READY = TINY / "reef-model.json"  # written last by `tests.helpers.tiny.model.build_tiny`
 
 
 def copy_tiny(dest: Path) -> Path:

@@ -1,4 +1,4 @@
-"""demo-add's part of the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`).
+"""demo-add's part of the tiny model's corpus (a contribution, see `corpus.py`).
 
 Stage "learn" answers every prompt correctly, so the model learns the sums: learning them straight
 from a noisy teacher took far longer than a couple of CPU minutes, since most labels point elsewhere.

@@ -1,4 +1,4 @@
-"""Tool use for the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`).
+"""Tool use for the tiny model's corpus (a contribution, see `corpus.py`).
 
 Chats in which a coding agent offers tools (the four a Pi-style agent sends: read, bash, edit,
 write), the user asks for something a tool answers, the assistant calls it in the format of the

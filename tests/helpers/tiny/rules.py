@@ -1,5 +1,5 @@
 """The bundled `demo-rules` scenario: name the kind of a word (fruit, animal or color), and its part of
-the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`) that teaches the model
+the tiny model's corpus (a contribution, see `corpus.py`) that teaches the model
 to obey rules given in its system prompt. It exists so harness evolution has something real to find.
 
 The client's system prompt only says what to do ("Say what kind of thing the word is: ..."); the
@@ -22,7 +22,7 @@ Both stages answer correctly: what is weak on purpose is the base harness, not t
 Words are split once into train and held-out ones: the eval file has only held-out words, the
 task file (simulated traffic) only train ones; the corpus has every word.
 
-    python -m reef.demo.rules    # rewrite data/rules-eval.jsonl and data/rules-tasks.jsonl
+    python -m tests.helpers.tiny.rules    # rewrite data/rules-eval.jsonl and data/rules-tasks.jsonl
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The demo-add scenario, declared through the public contract like any user's (`reef.scenarios`
-entry point in pyproject.toml): eval and task files next to this module, a per-task reward.
+entry point in tests/helpers/tiny/site): eval and task files next to this module, a per-task reward.
 
-    python -m reef.demo.scenario    # rewrite data/eval.jsonl and data/tasks.jsonl from reef.demo.task
+    python -m tests.helpers.tiny.scenario    # rewrite data/eval.jsonl and data/tasks.jsonl from task.py
 """
 
 from __future__ import annotations
