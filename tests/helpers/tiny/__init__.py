@@ -28,9 +28,10 @@ def declare_scenarios() -> None:
     """demo-add and demo-rules, declared here and in every child process (PYTHONPATH): the entry
     points in `site/` name modules of this package, so the checkout goes on the path too (last, so a
     child's own working directory still comes first)."""
-    for path in (str(SITE), str(REPO)):
-        if path not in sys.path:
-            sys.path.append(path) if path == str(REPO) else sys.path.insert(0, path)
+    if str(SITE) not in sys.path:
+        sys.path.insert(0, str(SITE))
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     wanted = [str(SITE), *[p for p in current if p not in (str(SITE), str(REPO))], str(REPO)]
     os.environ["PYTHONPATH"] = os.pathsep.join(wanted)
