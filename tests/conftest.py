@@ -35,7 +35,7 @@ QUICK_MODEL_STEPS = 120  # enough to learn the chat format and stop at <|im_end|
 # nbmake's items are notebooks, which cannot carry markers: their `start_early` ranks, among the
 # test files' own (`pytestmark`), live here.
 NOTEBOOK_RANKS = {
-    "notebooks/01_explore_experience.ipynb": 6, "tests/notebooks/03_compare_and_release.ipynb": 7,
+    "tests/notebooks/01_explore_experience.ipynb": 6, "tests/notebooks/03_compare_and_release.ipynb": 7,
     "tests/notebooks/04_evolve_a_harness.ipynb": 10,
 }
 
