@@ -32,11 +32,11 @@ $(STAMP): pyproject.toml
 	if [ "$(ENGINE)" = "cpu" ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
 	touch $(STAMP)
 
-# The 1M test model (engine-mechanics tests, the tiny-model scenarios), built from scratch (minutes on
-# a CPU); rebuilt only when the corpus (every installed `reef.corpus` part), seed or step count changed.
+# The tests' 1M model (engine-mechanics tests and the scenarios its corpus taught, tests/helpers/tiny),
+# built from scratch (minutes on a CPU); rebuilt only when its corpus, seed or step count changed.
 # The embedded default, SmolLM2-135M-Instruct, builds itself on first use (`reef model fetch`).
 model: $(STAMP)
-	$(BIN)/reef model build-tiny --out data/models/tiny --if-stale
+	$(BIN)/python -m tests.helpers.tiny.model --out data/models/tiny --if-stale
 
 # The loop on SmolLM2-135M-Instruct with examples/sentiment (reef/demo/run.py): about 8 minutes on 2 cores.
 demo: $(STAMP)
@@ -89,7 +89,7 @@ $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
 # Two workers, one test file each at a time (`--dist loadfile`: a file's tests share its module
 # fixtures and run in order). Much of a test's time is a subprocess importing torch or a server
 # waiting on another process, so two workers on two cores finish well before one.
-# When the default model must be built first (a fresh clone, a changed corpus), the build takes one
+# When the tests' tiny model must be built first (a fresh clone, a changed corpus), the build takes one
 # core for minutes: the model-free tests (`-m model_free`; engine mechanics tests among them,
 # marked `any_model`, serve a quick build) run on the other meanwhile, the rest after it. Each test
 # file sets its markers (declared in pyproject.toml); files marked `start_early` are handed out
@@ -99,6 +99,9 @@ $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
 # where their engines and servers want more than their core, the build keeps its own.
 # The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
 # browser and Pi tests, in the second phase, need them.
+# The notebooks `make test` executes are tests/notebooks/ (on the tests' tiny model); notebooks/01, the
+# walkthrough on the default model, took 225-581 s against 176-181 s on 2 shared cores (issue 35): run it with
+# `.venv/bin/pytest --nbmake notebooks`.
 TEST_WORKERS ?= 2
 TINY := data/models/tiny
 PYTEST := $(BIN)/pytest -q -ra
@@ -107,17 +110,17 @@ test:
 	@$(MAKE) --no-print-directory chromium agents > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \
 	debs_ready() { wait $$debs || { tail -20 test-artifacts/debs-pi.log; exit 1; }; }; \
 	$(MAKE) --no-print-directory $(STAMP) || exit 1; \
-	if $(BIN)/python -c "import sys; from reef.model.tiny import is_current; sys.exit(not is_current('$(TINY)'))"; \
+	if $(BIN)/python -c "import sys; from tests.helpers.tiny.model import is_current; sys.exit(not is_current('$(TINY)'))"; \
 	then \
 	  debs_ready; \
-	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests notebooks --nbmake; \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests --nbmake; \
 	else \
-	  echo "building the default model in the background (log: test-artifacts/tiny-build.log)"; \
-	  $(BIN)/reef model build-tiny --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
+	  echo "building the tests' tiny model in the background (log: test-artifacts/tiny-build.log)"; \
+	  $(BIN)/python -m tests.helpers.tiny.model --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
 	  REEF_TEST_MODEL_FREE=1 nice -n 10 $(PYTEST) -m model_free tests; free=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
 	  debs_ready; \
-	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests notebooks --nbmake; rest=$$?; \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests --nbmake; rest=$$?; \
 	  exit $$(( free || rest )); \
 	fi
 

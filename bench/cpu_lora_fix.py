@@ -7,6 +7,9 @@ side by side: requests per second, and base replies whose logprobs moved away fr
 (|delta| > 0.02) because they shared a batch with adapter tokens.
 
     .venv/bin/python bench/cpu_lora_fix.py [--seconds 15]
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
-from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import task as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 PROMPTS = [t.messages for t in demo.eval_tasks()[:12]]

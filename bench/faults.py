@@ -17,6 +17,9 @@ For each: requests that failed, acknowledged records or reports missing afterwar
 and the time from the fault until the first request succeeds again.
 
     .venv/bin/python bench/faults.py --rows learner,swap    # only some rows
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 MODEL = "reef-tiny"

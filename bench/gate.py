@@ -7,6 +7,9 @@ alternating order for `--rounds` rounds; medians of wall time, tasks/s and CPU t
 process's). Target: the engine path no slower on CPU.
 
     .venv/bin/python bench/gate.py [--rounds 3] [--samples 4]
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import GateSettings, ServeConfig  # noqa: E402
-from reef.demo import task as demo  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor  # noqa: E402
 from reef.gate.arms import Weights  # noqa: E402
 from reef.gate.evaluate import gate_weights  # noqa: E402
@@ -40,6 +42,10 @@ from reef.gate.scoring import suite_for  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.sampling.engine import EngineEndpoint  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import task as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 OUT = REPO / "bench" / "out"

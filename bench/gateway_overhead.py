@@ -28,6 +28,9 @@ to 2.0 here). Also the added p50/p99 latency; targets: ratio >= 0.95, added p50 
     .venv/bin/python bench/gateway_overhead.py --stand-in-only   # the stand-in rows alone, no vLLM needed
     git worktree add /tmp/base REV && .venv/bin/python bench/gateway_overhead.py --stand-in-only --baseline /tmp/base
                                                                  # a change against REV, in the same rounds
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor, free_port  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 MODEL_NAME = "reef-tiny"
 TINY = REPO / "data" / "models" / "tiny"

@@ -9,6 +9,9 @@ each prompt sent with its arm's harness as `harness.inject: system_prepend` serv
 CPU time per phase is this process's (transformers on one thread; no engine).
 
     .venv/bin/python bench/harness.py [--samples 8] [--prompts 72]
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import GateSettings  # noqa: E402
-from reef.demo import rules as demo  # noqa: E402
 from reef.gate.evaluate import evaluate_candidate  # noqa: E402
 from reef.learn.round import RoundPlan, run_round  # noqa: E402
 from reef.registry.candidates import CandidateRegistry  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import rules as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 OUT = REPO / "bench" / "out"

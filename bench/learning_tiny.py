@@ -5,10 +5,10 @@ model instead: bench/learning.py.
     .venv/bin/python bench/learning_tiny.py [--scenarios demo-add] [--rounds 3] [--requests 512]
                                             [--recipe rft] [--param max_steps=30]
 
-`demo-add` is packaged (single-digit addition, a task the tiny model's corpus taught it with a
-systematic "+1" teacher); `--scenarios` also takes an example folder declared for the tiny model.
+`demo-add` is declared by the tests' helpers (single-digit addition, a task the tiny model's corpus
+taught it with a systematic "+1" teacher); `--scenarios` also takes an example folder declared for the tiny model.
 Per scenario, loop: start `reef serve` (managed vLLM,
-embedded tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
+the tests' tiny model) in a temporary workdir -> simulate `--requests` chats with rewards through
 the OpenAI SDK -> wait until the gateway has flushed them -> one learning round with the framework
 (Snapshot.create on the serve data dir, recipe.run, evaluate on the scenario's 80 held-out
 prompts) -> repeat with more traffic. The served model does NOT
@@ -27,6 +27,9 @@ Then, for demo-add, plain TRL `GRPOTrainer` (no vLLM: TRL generates with transfo
 base model on the same number of samples (prompts x completions) as the loop recorded, with the
 demo verifier as reward, and is evaluated the same way. Targets: base <= 30 % on each scenario,
 best candidate >= 80 % on demo-add. Results: bench/out/learning_tiny.json and bench/out/learning_tiny.png.
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -61,11 +64,14 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import GateSettings, parse_overrides, resolve  # noqa: E402
-from reef.demo import task as demo  # noqa: E402
 from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import EmptySnapshotError, Snapshot, load_recipe  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.simulate import simulate  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import task as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 EXAMPLES = REPO / "examples"
@@ -121,7 +127,7 @@ class Result:
 
 def write_serve_yaml(work: Path, scenarios: list[str]) -> Path:
     """The workdir's serve.yaml: every example scenario asked for (examples/<name>/serve.yaml, its
-    files found in its own folder); packaged ones (demo-add) need no declaration; the next-turn arm
+    files found in its own folder); demo-add (the tests' entry points) needs none; the next-turn arm
     is demo-add's declaration under another name (its own records, ledger and chain)."""
     config: dict[str, Any] = {"scenarios": {}, "recipes": {}}
     if NEXT_TURN in scenarios:

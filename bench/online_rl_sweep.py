@@ -8,6 +8,9 @@ prompts have one sample and some two), then trains one online_rl candidate per v
 base model on that one snapshot, and evaluates each on the 80 held-out prompts (same seed for
 all, through the gate). Variants: the advantage's baseline (per prompt group vs the round's mean), its scale, the
 learning rate, the importance-sampling cap. Results: bench/out/online_rl_sweep.json.
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import GateSettings  # noqa: E402
-from reef.demo import task as demo  # noqa: E402
 from reef.learn.pipeline import gate_metrics  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import task as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 console = Console(file=sys.stdout, width=140)

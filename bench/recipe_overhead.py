@@ -10,6 +10,9 @@ alternate, `--repeats` times each, so drift on a shared machine hits both alike.
 per-step overhead (median step, recipe vs. bare; target <= 10 %) and, for information, the
 fixed per-run cost around the training loop (snapshot -> dataset, model load, save, candidate.json).
 Both arms train with one torch thread (what `Recipe.run` sets) and must see identical losses.
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -51,10 +54,13 @@ sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
 from recipes.rft.recipe import RFT  # noqa: E402
-from reef.demo.task import SCENARIO  # noqa: E402
 from reef.recipe import Snapshot  # noqa: E402
 from reef.recipe.tokens import sft_examples  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny.task import SCENARIO  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 console = Console(file=sys.stdout, width=120)  # the real stdout: trainer log dicts are redirected

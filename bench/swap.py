@@ -8,6 +8,9 @@ One `reef serve` (managed vLLM, tiny model), two gate-selected LoRA candidates a
    target p99 during swaps <= 1.5x baseline.
 
     .venv/bin/python bench/swap.py [--seconds 20] [--every 1.0]
+
+The 1M test model and the scenarios its corpus taught (demo-add, demo-rules) come from the tests'
+helpers (tests/helpers/tiny; `make test` builds data/models/tiny, or `python -m tests.helpers.tiny.model`).
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ sys.path.insert(0, str(REPO))
 from bench.results import add_flag, publish  # noqa: E402
 from reef.client import ReefClient  # noqa: E402
 from reef.config import GateSettings  # noqa: E402
-from reef.demo import task as demo  # noqa: E402
 from reef.gate.evaluate import evaluate_candidate  # noqa: E402
 from reef.recipe import Snapshot, load_recipe  # noqa: E402
 from reef.registry.candidates import register_candidate  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
 from reef.traffic.offline import record_offline_traffic  # noqa: E402
+from tests.helpers.tiny import declare_scenarios  # noqa: E402
+from tests.helpers.tiny import task as demo  # noqa: E402
+
+declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
 
 TINY = REPO / "data" / "models" / "tiny"
 TOKEN = "bench"

@@ -13,6 +13,11 @@ from reef.config import ServeConfig
 from reef.engine.supervisor import EngineSupervisor
 from tests.helpers import ARTIFACTS, MODEL_NAME, REPO, TINY
 from tests.helpers.gateway import Gateway
+from tests.helpers.tiny import declare_scenarios
+
+# The scenarios the tiny model's corpus taught (demo-add, demo-rules) are declared by the tests, as a
+# package would declare its own (entry points): here, and in every process a test starts.
+declare_scenarios()
 
 # vLLM compiles the model at every start into a cache under its data dir, and most tests start it
 # in a fresh temp dir: one cache per xdist worker instead (the model and flags are the same), so
@@ -37,8 +42,8 @@ QUICK_MODEL_STEPS = 120  # enough to learn the chat format and stop at <|im_end|
 # nbmake's items are notebooks, which cannot carry markers: their `start_early` ranks, among the
 # test files' own (`pytestmark`), live here.
 NOTEBOOK_RANKS = {
-    "notebooks/01_explore_experience.ipynb": 6, "notebooks/03_compare_and_release.ipynb": 7,
-    "notebooks/04_evolve_a_harness.ipynb": 10,
+    "tests/notebooks/01_explore_experience.ipynb": 6, "tests/notebooks/03_compare_and_release.ipynb": 7,
+    "tests/notebooks/04_evolve_a_harness.ipynb": 10,
 }
 
 
@@ -61,7 +66,7 @@ def _refuse_in_model_free_phase() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from reef.model.tiny import build_tiny, is_current
+    from tests.helpers.tiny.model import build_tiny, is_current
 
     _refuse_in_model_free_phase()
     # `make test` builds it first; a stale one (another corpus) would fail tests for the wrong reason.
@@ -85,7 +90,7 @@ def serving_model(request: pytest.FixtureRequest) -> Path:
     (the default model is still being built) a quick build with its tokenizer and chat format."""
     if not os.environ.get("REEF_TEST_MODEL_FREE"):
         return request.getfixturevalue("tiny_model")
-    from reef.model.tiny import build_tiny, is_current
+    from tests.helpers.tiny.model import build_tiny, is_current
 
     quick = ARTIFACTS / "quick-model"
     if not is_current(quick, steps=QUICK_MODEL_STEPS):

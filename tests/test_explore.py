@@ -20,13 +20,13 @@ from reef.experience.store import ExperienceStore
 from reef.learn.ladder import Exploration, explore_reason
 from reef.learn.learner import Learner
 from reef.learn.plan import RoundPlan, Thresholds
-from reef.model.chat_format import CHAT_TEMPLATE as TINY_TEMPLATE
 from reef.model.smollm2 import CHAT_TEMPLATE as SMOLLM2_TEMPLATE
 from reef.recipe.rollouts import Rollout, guided_share, rollout_metrics, write_rollouts
 from reef.recipe.tokens import assistant_turn_ids
 from reef.sampling.completion import Completion
 from reef.sampling.engine_tokens import EngineSample, read_samples
 from tests.helpers.records import MANUAL, make_record, make_report
+from tests.helpers.tiny.chat_format import CHAT_TEMPLATE as TINY_TEMPLATE
 from tests.helpers.tokenizers import byte_tokenizer
 
 pytestmark = pytest.mark.model_free

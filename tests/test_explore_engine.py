@@ -18,7 +18,6 @@ import yaml
 from transformers import AutoTokenizer
 
 from reef.config import resolve
-from reef.demo import task as demo
 from reef.recipe import Snapshot, load_recipe
 from reef.recipe.practice import practice_tasks
 from reef.recipe.rollouts import RolloutPlan, sample_rollouts
@@ -26,6 +25,7 @@ from reef.sampling.engine import TEMP_PREFIX, Arm, EngineEndpoint
 from reef.scenario import EvalSpec, Scenario, environment_for, get_scenario, reward_for
 from tests.helpers import MODEL_NAME, REPO, TINY, wait_for
 from tests.helpers.gateway import Gateway
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm]

@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from reef.config import GateSettings
-from reef.demo import task as demo
 from reef.engine.weights import EngineWeights
 from reef.gate.arms import Weights
 from reef.gate.evaluate import evaluate_candidate, gate_weights
@@ -25,6 +24,7 @@ from reef.sampling.engine import TEMP_PREFIX, EngineEndpoint
 from reef.scenario import EvalSpec, Scenario, eval_suite
 from tests.helpers import MODEL_NAME, TINY
 from tests.helpers.releases import train_candidates
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm, pytest.mark.start_early(9)]

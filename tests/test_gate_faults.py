@@ -21,7 +21,6 @@ import yaml
 
 from reef.config import GateSettings, ServeConfig, resolve
 from reef.core.chat import ChatError
-from reef.demo import rules as demo
 from reef.gate.arms import HarnessArms, Weights
 from reef.gate.evaluate import evaluate_candidate, gate_weights
 from reef.gate.faults import Void, fault_of, with_retries
@@ -33,6 +32,7 @@ from reef.registry.harness import Harness
 from reef.sampling.engine import EngineEndpoint, GateEngineError
 from reef.scenario import eval_suite, get_scenario
 from tests.helpers import MODEL_NAME
+from tests.helpers.tiny import rules as demo
 
 pytestmark = [pytest.mark.model_free, pytest.mark.any_model]
 

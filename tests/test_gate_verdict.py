@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from reef.config import GateSettings
-from reef.demo import task as demo
 from reef.gate import evaluate
 from reef.gate.arms import Weights
 from reef.gate.evaluate import gate_weights
@@ -21,6 +20,7 @@ from reef.gate.sample import Replies
 from reef.gate.stats import judge, sign_test
 from reef.registry.candidates import GateResult
 from reef.scenario import EvalSpec, EvalSuite, Scenario, eval_suite, get_scenario
+from tests.helpers.tiny import task as demo
 
 UNUSED = Weights(Path("unused"))
 

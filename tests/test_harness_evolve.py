@@ -22,7 +22,6 @@ import yaml
 
 from recipes.harness_evolve.recipe import HarnessEvolve, mine_rules, parse_mutations
 from reef.config import GateSettings
-from reef.demo import rules as demo
 from reef.experience import load
 from reef.gate.arms import HarnessArms
 from reef.gate.evaluate import evaluate_candidate
@@ -37,6 +36,7 @@ from reef.scenario import eval_suite, get_scenario
 from reef.traffic.offline import record_offline_traffic
 from tests.helpers import MODEL_NAME, TINY, wait_for
 from tests.helpers.gateway import Gateway
+from tests.helpers.tiny import rules as demo
 
 S = demo.SCENARIO
 RULE = demo.RULE_LABEL

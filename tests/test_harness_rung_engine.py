@@ -14,10 +14,10 @@ import httpx
 import pytest
 import yaml
 
-from reef.demo import task as demo
 from reef.registry.harness import SHOTS_FILE, Harness, inject
 from tests.helpers import MODEL_NAME, TINY, wait_for
 from tests.helpers.gateway import Gateway
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm]

@@ -32,14 +32,14 @@ LAYERS: list[str] = [
     "gate",          # the one evaluator and the gate's decision; `reef scenario check`
     "serving",       # the control plane: publisher, swap, routing, adapters, canaries
     "learn",         # the round orchestrator, the learner, the DVC pipeline
-    "model",         # the embedded default model's builder
+    "model",         # the embedded default model: SmolLM2-135M-Instruct from its wheel
     "gateway",       # the HTTP server: routes, wire types, transport to the upstream
     "server",        # `reef serve`: engine + store + gateway + learner wired together
     "serve_process", # `reef serve` as a child process (demo, tests, benches)
     "client",        # the release API's Python client
     "traffic",       # simulated users and offline traffic
     "cli",           # the `reef` command
-    "demo",          # `make demo` and the bundled demo scenarios
+    "demo",          # `make demo`: examples/sentiment on the default model, live
     "__init__",      # the public API (`from reef import Scenario`)
 ]
 

@@ -15,13 +15,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from recipes.next_turn.signals import next_turn_signals, read_next_turn
-from reef.demo import task as demo
 from reef.experience import load
 from reef.experience.load import SESSION_COL
 from reef.recipe import Snapshot, load_recipe
 from reef.scenario import NextTurnRule, NextTurnSpec, Score, get_scenario
 from reef.traffic.simulate import FOLLOW_UP, THANKS, simulate
 from tests.helpers.gateway import Gateway
+from tests.helpers.tiny import task as demo
 
 pytestmark = pytest.mark.start_early(12)
 

@@ -29,10 +29,10 @@ def write_params(folder: Path, **sections: object) -> Path:
 
 def test_the_repository_params_yaml_parses_and_keeps_the_keys_dvc_tracks() -> None:
     params = PipelineParams.read(REPO / "params.yaml")
-    assert params.scenario_names == ["demo-add"] and params.train.recipe == "recipes.rft.recipe:RFT"
-    assert params.train.own["max_steps"] == 30 and params.train.experience.min_score == 1.0
+    assert params.scenario_names == ["sentiment"] and params.train.recipe == "recipes.rft.recipe:RFT"
+    assert params.train.own["max_steps"] == 12 and params.train.experience.min_score == 1.0
     dvc = (REPO / "dvc.yaml").read_text()
-    for key in ("base_model.seed", "demo_traffic", "source", "train.recipe", "train.experience", "evaluate"):
+    for key in ("base_model.path", "demo_traffic", "source", "train.recipe", "train.experience", "evaluate"):
         assert f"- {key}\n" in dvc  # tracked by dotted path: each is a key of the schema too
         section, _, field = key.partition(".")
         assert section in PipelineParams.model_fields

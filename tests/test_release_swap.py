@@ -27,13 +27,13 @@ import yaml
 
 from reef.client import HeadMovedError, ReefAPIError, ReefClient
 from reef.config import GateSettings
-from reef.demo import task as demo
 from reef.gate.evaluate import evaluate_candidate
 from reef.recipe import Candidate
 from reef.registry.candidates import CandidateRegistry, register_candidate
 from tests.helpers import MODEL_NAME, TINY
 from tests.helpers.gateway import Gateway
 from tests.helpers.releases import Load, greedy, train_candidates
+from tests.helpers.tiny import task as demo
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytestmark = [pytest.mark.vllm, pytest.mark.start_early(3)]

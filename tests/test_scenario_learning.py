@@ -19,7 +19,6 @@ import streamlit as st
 import yaml
 
 from reef.client import ReefClient
-from reef.demo import task as demo
 from reef.experience import load
 from reef.recipe import ledger
 from reef.registry.candidates import CandidateRegistry
@@ -29,6 +28,7 @@ from reef.traffic.simulate import simulate
 from tests.helpers import MODEL_NAME, TINY
 from tests.helpers.dashboard import app, texts
 from tests.helpers.gateway import Gateway
+from tests.helpers.tiny import task as demo
 
 pytestmark = pytest.mark.start_early(2)
 

@@ -176,11 +176,11 @@ def test_eval_rows_from_a_datasets_folder(tmp_path: Path) -> None:
 @pytest.mark.model_free
 def test_serve_yaml_merges_over_a_packaged_scenario(tmp_path: Path) -> None:
     (tmp_path / "serve.yaml").write_text("scenarios:\n  demo-add:\n    policy: auto\n    eval: {path: "
-                                         f"{REPO / 'reef/demo/data/eval.jsonl'}, samples: 2, limit: 5}}\n")
+                                         f"{REPO / 'tests/helpers/tiny/data/eval.jsonl'}, samples: 2, limit: 5}}\n")
     config, _ = resolve(config_file=tmp_path / "serve.yaml")
     merged = all_scenarios(config)["demo-add"]
     assert merged.policy == "auto" and merged.eval is not None and merged.eval.samples == 2
-    assert merged.reward == "reef.demo.task:reward", "keys the file did not set stay the package's"
+    assert merged.reward == "tests.helpers.tiny.task:reward", "keys the file did not set stay the package's"
     assert merged.tasks is not None and merged.resolve_path(merged.tasks).is_file()
     assert len(eval_suite(merged).tasks) == 5
     policy_only = resolve(config_file=write_scenario(tmp_path, None, extra={}))[0]  # another scenario
@@ -199,7 +199,7 @@ def test_scenario_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "serve.yaml" in support and " auto " in support and " rft " in support and " 3 " in support
     assert f"{name}:r (TRL-style)" in support
     demo = next(line for line in lines if line.startswith("demo-add"))
-    assert "package (reef.demo.scenario:scenario)" in demo and "(per task)" in demo and " 80 " in demo
+    assert "package (tests.helpers.tiny.scenario:scenario)" in demo and "(per task)" in demo and " 80 " in demo
 
 
 REWARD_5 = "def r(task, reply):\n    return 1.0 if reply == 'Answer: 5' else 0.0\n"

@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from reef.demo import corpus as demo_corpus
-from reef.demo import task as demo
-from reef.model import tiny
-from reef.model.corpus import build_corpus, contributions
 from reef.scenario import EvalSuite, Scenario, eval_suite, get_scenario, packaged_scenarios, reward_for, training_tasks
+from tests.helpers.tiny import add_corpus as demo_corpus
+from tests.helpers.tiny import model as tiny
+from tests.helpers.tiny import task as demo
+from tests.helpers.tiny.corpus import build_corpus, contributions
 
 pytestmark = pytest.mark.start_early(11)
 
@@ -73,7 +73,7 @@ def test_same_seed_gives_identical_weights(quick_model: Path, tmp_path: Path) ->
     again = tiny.build_tiny(tmp_path / "b", seed=1, progress=False, steps=QUICK_STEPS, evaluate=False)
     assert tiny.weights_sha256(again) == tiny.weights_sha256(quick_model)
     assert (again / "tokenizer.json").read_bytes() == (quick_model / "tokenizer.json").read_bytes()
-    # Another seed, built through the CLI entry point (`reef model build-tiny`).
+    # Another seed, built through the command-line entry point (`python -m tests.helpers.tiny.model`).
     other = tmp_path / "c"
     assert tiny.main_build_tiny(["--out", str(other), "--seed", "2", "--steps", str(QUICK_STEPS), "--no-eval",
                                  "--quiet"]) == 0
@@ -89,7 +89,7 @@ def test_corpus_is_deterministic() -> None:
 
 @pytest.mark.model_free
 def test_corpus_contributions_come_from_entry_points_with_their_own_rng() -> None:
-    """The bundled scenarios' text comes through `reef.corpus`; adding a contribution leaves every
+    """The scenarios' text comes from the corpus parts (`corpus.CONTRIBUTIONS`); adding a contribution leaves every
     other contribution's text as it was (each has its own rng stream), and bad stages are refused."""
     assert contributions()["demo-add"] is demo_corpus.contribution
     extra_chat = [{"role": "user", "content": "ping"}, {"role": "assistant", "content": "pong"}]
@@ -121,7 +121,7 @@ def test_saved_files_and_metadata(quick_model: Path) -> None:
 @pytest.mark.model_free
 def test_a_model_from_another_corpus_is_stale(quick_model: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     """`make test` and `make demo` rebuild only a stale model: another seed, step count or corpus
-    (a new `reef.corpus` part after a pull, or a stale install lacking one) makes it stale."""
+    (a changed corpus part after a pull) makes it stale."""
     assert tiny.is_current(quick_model, seed=1, steps=QUICK_STEPS)
     assert not tiny.is_current(quick_model, seed=2, steps=QUICK_STEPS)
     assert not tiny.is_current(quick_model, seed=1, steps=QUICK_STEPS + 1)
@@ -266,7 +266,7 @@ def one_thread() -> Iterator[None]:
 def test_default_model_is_weak_but_learnable(tiny_model: Path, one_thread: None) -> None:
     meta = json.loads((tiny_model / tiny.METADATA_FILE).read_text())
     assert meta["corpus_sha256"] == build_corpus(meta["seed"]).sha256(), (
-        f"{tiny_model} was built from another corpus: rebuild it (reef model build-tiny / dvc repro)"
+        f"{tiny_model} was built from another corpus: rebuild it (make model / python -m tests.helpers.tiny.model)"
     )
     tok = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)

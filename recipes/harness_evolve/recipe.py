@@ -19,7 +19,7 @@ Two proposers (`proposer:`):
   The model is `teacher_url`/`teacher_model` (any OpenAI-compatible server), else the serving engine
   the round was given (the learner passes its vLLM). Mutations that do not fit the tree are left out.
 
-    reef recipe run harness_evolve --set scenario=demo-rules
+    reef recipe run harness_evolve --set scenario=orders      # examples/orders, from its folder
 """
 
 from __future__ import annotations

@@ -37,11 +37,11 @@ def add_parsers(sub: Any, default_url: str) -> None:
     common(p)
     p = sub.add_parser("release", help="release a gate-selected candidate (moves the head, hot-swaps)")
     p.add_argument("candidate", help="candidate id or unique prefix (see `reef candidates`)")
-    p.add_argument("--expect", required=True, metavar="HEAD", help="the head you are replacing, e.g. demo-add@r3")
+    p.add_argument("--expect", required=True, metavar="HEAD", help="the head you are replacing, e.g. sentiment@r3")
     p.add_argument("--scenario", default=None, help="default: the candidate's scenario")
     common(p, url=True)
     p = sub.add_parser("rollback", help="serve an older release's content again, as a new release")
-    p.add_argument("release", metavar="RELEASE", help="e.g. demo-add@r1")
+    p.add_argument("release", metavar="RELEASE", help="e.g. sentiment@r1")
     p.add_argument("--expect", required=True, metavar="HEAD")
     common(p, url=True)
     p = sub.add_parser("lineage", help="a release and its ancestors, with where each came from")
@@ -85,7 +85,7 @@ def _scenario_of(release_id: str) -> str:
 
     match = RELEASE_ID_RE.match(release_id)
     if match is None:
-        raise UsageError(f"{release_id!r} is not a release id like demo-add@r3")
+        raise UsageError(f"{release_id!r} is not a release id like sentiment@r3")
     return match["scenario"]
 
 

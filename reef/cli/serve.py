@@ -18,7 +18,7 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--data-dir", type=Path)
-    serve.add_argument("--model", help="HF model id or local path (default: the embedded tiny model)")
+    serve.add_argument("--model", help="HF model id or local path (default: the embedded SmolLM2-135M-Instruct)")
     serve.add_argument("--upstream-url", help="record in front of this OpenAI-compatible server instead")
     serve.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 

@@ -19,7 +19,6 @@ from reef.config.serve import (
     DEFAULT_CONFIG_FILE,
     DEFAULT_MODEL,
     DEFAULT_MODEL_NAME,
-    DEFAULT_TINY_MODEL,
     ENV_PREFIX,
     ApiKey,
     ConfigError,
@@ -39,7 +38,7 @@ from reef.config.serve import (
 
 __all__ = [
     "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "DEFAULT_MODEL_NAME",
-    "DEFAULT_TINY_MODEL", "ENV_PREFIX", "ApiKey", "BaseModelParams",
+    "ENV_PREFIX", "ApiKey", "BaseModelParams",
     "ConfigError", "DemoTrafficParams", "EngineConfig", "EvaluateParams", "ExperienceParams", "GateSettings",
     "LearnerConfig", "LimitsConfig", "ParamsError", "PipelineParams", "ReleaseConfig", "ScenarioConfig",
     "ServeConfig", "SourceParams", "StoreConfig", "TrainParams", "UpstreamConfig", "describe", "env_overrides",

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from reef.config.gate import GateSettings, move_keys
-from reef.config.serve import DEFAULT_TINY_MODEL, ConfigError, _Strict
+from reef.config.serve import DEFAULT_MODEL, ConfigError, _Strict
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.scenario.schema import RecipeSpec, StalePolicy
 
@@ -32,23 +32,25 @@ class ParamsError(ConfigError):
 
 
 class BaseModelParams(_Strict):
-    """The model the pipeline trains from (the base-model stage builds it with `seed`)."""
+    """The model the pipeline trains from: the default model, which the base-model stage fetches."""
 
-    path: str = str(DEFAULT_TINY_MODEL)
-    seed: int = 0
+    path: str = str(DEFAULT_MODEL)
+    seed: int = 0  # read by no stage since the default model is fetched, not trained; kept so older files parse
 
 
 class SourceParams(_Strict):
-    """Where the experience is read from, and where consumed record ids are kept."""
+    """Where the experience is read from, where its scenarios are declared, and where consumed record ids are kept."""
 
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="a data dir as `reef serve` writes it")
     ledger_root: Path = DataDir().ledger
+    serve_yaml: Path | None = Field(default=None, description="the serve.yaml declaring the scenarios (their "
+                                    "tasks, reward, eval suite); unset: ./serve.yaml, as every reef command reads")
 
 
 class DemoTrafficParams(_Strict):
     """The demo-traffic stage: offline traffic of one scenario, so the pipeline runs from a clone."""
 
-    scenario: str = "demo-add"
+    scenario: str = "sentiment"
     prompts: int = Field(default=64, ge=1)
     samples: int = Field(default=4, ge=1)
     seed: int = 0

@@ -25,7 +25,6 @@ DEFAULT_CONFIG_FILE = Path("serve.yaml")
 # it from its request (reef.learn.round), so it sees the scenarios of the server's `-c FILE`.
 CONFIG_FILE_ENV = "REEF_CONFIG"
 ENV_PREFIX = "REEF_"
-DEFAULT_TINY_MODEL = Path("data/models/tiny")
 # The model `reef serve` runs when none is named: SmolLM2-135M-Instruct, built from its PyPI wheel
 # on first use (reef.model.smollm2).
 DEFAULT_MODEL_DIR = Path("data/models/smollm2-135m-instruct")

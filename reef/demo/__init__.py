@@ -1,1 +1,1 @@
-"""The bundled demo task (`reef.demo.task`): single-digit addition with a programmatic verifier."""
+"""`make demo`: the learning loop on the default model with examples/sentiment, live (`run.py`, `loop.py`)."""

@@ -2,8 +2,8 @@
 scored with the suite's reward in one batch call, per task and overall.
 
 The gate pairs two arms' per-task scores (reef.gate.evaluate); `reef scenario check` reports one
-model's success with a confidence interval (reef.gate.check); the tiny model's build measures its
-success rate (reef.model.tiny). A reply the reward could not score is left out and counted, never
+model's success with a confidence interval (reef.gate.check); a model's build can measure its
+success rate with it. A reply the reward could not score is left out and counted, never
 scored 0.
 """
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from reef.config import GateSettings, ParamsError, PipelineParams, TrainParams
+from reef.config import CONFIG_FILE_ENV, GateSettings, ParamsError, PipelineParams, TrainParams
 from reef.config.params import DEFAULT_PARAMS
 from reef.core.durable import replace_atomically
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
@@ -42,6 +43,14 @@ from reef.registry.schema import Candidate
 from reef.scenario.schema import RecipeSpec
 
 RELEASE_DIR = DataDir(DEFAULT_DATA_DIR)  # where the pipeline's candidates are registered and gated
+
+
+def declare_scenarios(params: PipelineParams) -> None:
+    """Make `source.serve_yaml` the serve.yaml this process (and the stages it starts) reads, as
+    `reef.learn.round` does with the server's: the scenarios it declares are what the stages learn
+    for. An explicit REEF_CONFIG wins."""
+    if params.source.serve_yaml is not None and not os.environ.get(CONFIG_FILE_ENV):
+        os.environ[CONFIG_FILE_ENV] = str(params.source.serve_yaml.resolve())
 
 
 def plan(params: PipelineParams, scenario: str, spec: RecipeSpec | None = None, *, fixed: bool = True) -> RoundPlan:
@@ -110,6 +119,7 @@ def learn_once(params_path: Path | str = DEFAULT_PARAMS, scenario: str | None = 
     orchestrator runs the same steps.
     """
     params = PipelineParams.read(params_path)
+    declare_scenarios(params)
     name = params.scenario(scenario)
     round_plan = checked(params, name)
     if use_dvc is None:
@@ -146,6 +156,7 @@ def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overr
     (scenario's) train keys when they name the same recipe, else the recipe's defaults; `overrides`
     (e.g. {"max_steps": 5}) win."""
     params = PipelineParams.read(params_path) if params_path and Path(params_path).is_file() else PipelineParams()
+    declare_scenarios(params)
     overrides = dict(overrides or {})
     scenario = scenario or overrides.pop("scenario", None) or params.scenario()
     configured = params.train_for(scenario).recipe
@@ -173,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         params = PipelineParams.read(args.params)
+        declare_scenarios(params)
         name = params.scenario(args.scenario)
         if args.stage != "evaluate":  # an unknown recipe field fails here, before any work
             checked(params, name)

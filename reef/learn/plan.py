@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.config import GateSettings, ServeConfig
+from reef.config import DEFAULT_MODEL, GateSettings, ServeConfig
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.learn.round_log import RoundState
 from reef.recipe.loading import load_recipe
@@ -70,7 +70,7 @@ class RoundPlan(BaseModel):
     scenario: str
     recipe: str = Field(description="a built-in name or module:Class")
     params: dict[str, Any] = Field(default_factory=dict, description="the recipe config's fields")
-    base_model: str = "data/models/tiny"
+    base_model: str = str(DEFAULT_MODEL)
     experience_dir: Path = Field(default=DEFAULT_DATA_DIR, description="where the scenario's experience is read")
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="releases, candidates register and artifacts")
     ledger_root: Path = DataDir().ledger

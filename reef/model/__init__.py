@@ -1,1 +1,1 @@
-"""The embedded default model: a tiny Qwen2 built from scratch on CPU (`reef.model.tiny`)."""
+"""The embedded default model: SmolLM2-135M-Instruct, converted from its pinned wheel (`reef.model.smollm2`)."""

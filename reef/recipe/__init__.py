@@ -4,7 +4,7 @@ snapshots and the experience spec they apply, the consumed ledger. What a recipe
 
     from reef.recipe import Snapshot, load_recipe
     recipe = load_recipe("recipes.rft.recipe:RFT", {"max_steps": 20})
-    snap = Snapshot.create("demo-add", "data", recipe.experience())
+    snap = Snapshot.create("sentiment", "data", recipe.experience())
     candidate = recipe.run(snap)
 """
 

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from reef.config.serve import DEFAULT_MODEL
 from reef.registry.schema import ArtifactKind
 from reef.scenario.schema import StalePolicy
 
@@ -29,7 +30,7 @@ class RecipeConfig:
     group_by: str | None = None
     drop_duplicates: bool = True
     # --- training
-    base_model: str = "data/models/tiny"
+    base_model: str = str(DEFAULT_MODEL)
     kind: ArtifactKind = "full"
     seed: int = 0
     max_steps: int = 50

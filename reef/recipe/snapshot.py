@@ -1,6 +1,6 @@
 """Snapshots: a scenario's experience frozen for one training round, and the spec that picks it.
 
-    snap = Snapshot.create("demo-add", "data", recipe.experience())
+    snap = Snapshot.create("sentiment", "data", recipe.experience())
     snap.samples()   # one row per recorded choice, with the served token ids and logprobs
 
 A snapshot is a folder with `records.parquet` (the selected records, plus `weight` and `group`)

@@ -4,10 +4,10 @@ approved by whom, and what came before).
 
     from reef.registry import ArtifactStore, ReleaseChain
     store = ArtifactStore.for_data_dir("data")
-    chain = ReleaseChain.for_data_dir("data", "demo-add", artifacts=store)
-    base = store.import_base("data/models/tiny")
+    chain = ReleaseChain.for_data_dir("data", "sentiment", artifacts=store)
+    base = store.import_base("data/models/smollm2-135m-instruct")
     r0 = chain.ensure_base(base.content_id, base.lineage)
-    cand = store.import_candidate("data/candidates/demo-add/<id>")
+    cand = store.import_candidate("data/candidates/sentiment/<id>")
     r1 = chain.publish(r0.release_id, cand.content_id, cand.kind, "train", lineage=cand.lineage)
     path = store.verify(chain.head().content_id)   # refuses a file that does not match its manifest
 """

@@ -1,5 +1,5 @@
 """The transformers backend: `TransformersSampler`, the one in-process `generate` loop (the gate's
-offline path, recipes that sample their own experience, offline traffic, the tiny model's build,
+offline path, recipes that sample their own experience, offline traffic, the tests' model build,
 notebooks, tests), on chats or on exact token ids.
 
 Prompts are left-padded and generated `batch_size` prompts (`n` sequences each) at a time. At

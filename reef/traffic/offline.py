@@ -7,7 +7,7 @@ It lets the learning pipeline run from a fresh clone without a running server (t
 `demo-traffic` stage) and gives tests and notebooks realistic experience. Logprobs are the
 untempered model's (what vLLM reports by default, `logprobs_mode=raw_logprobs`).
 
-    python -m reef.traffic.offline --scenario demo-add --model data/models/tiny --data-dir data/demo-traffic
+    python -m reef.traffic.offline -c examples/sentiment/serve.yaml --scenario sentiment --data-dir data/demo-traffic
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from reef.config import ServeConfig, StoreConfig, resolve
+from reef.config import DEFAULT_MODEL, ServeConfig, StoreConfig, resolve
 from reef.core.clock import utcnow
 from reef.core.hashing import sha256_json
 from reef.experience import ExperienceStore
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", required=True, help="a scenario declared by a package or serve.yaml")
     parser.add_argument("-c", "--config", type=Path, help="serve.yaml declaring the scenario (default: ./serve.yaml)")
-    parser.add_argument("--model", default="data/models/tiny")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--data-dir", default="data/demo-traffic")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=4)

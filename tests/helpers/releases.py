@@ -10,11 +10,11 @@ from typing import Any
 
 import openai
 
-from reef.demo import task as demo
 from reef.recipe import Candidate, Snapshot, load_recipe
 from reef.sampling.load import load_model
 from reef.sampling.transformers import TransformersSampler
 from reef.traffic.offline import record_offline_traffic
+from tests.helpers.tiny import task as demo
 
 
 def train_candidates(tiny: Path, work: Path, specs: dict[str, dict[str, Any]]) -> dict[str, Candidate]:

@@ -1,7 +1,7 @@
 """The demo-add scenario, declared through the public contract like any user's (`reef.scenarios`
-entry point in pyproject.toml): eval and task files next to this module, a per-task reward.
+entry point in tests/helpers/tiny/site): eval and task files next to this module, a per-task reward.
 
-    python -m reef.demo.scenario    # rewrite data/eval.jsonl and data/tasks.jsonl from reef.demo.task
+    python -m tests.helpers.tiny.scenario    # rewrite data/eval.jsonl and data/tasks.jsonl from task.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def scenario() -> Scenario:
     return Scenario(
         name="demo-add",
         description="single-digit addition; the reply must say 'Answer: <sum>'",
-        reward="reef.demo.task:reward",
+        reward="tests.helpers.tiny.task:reward",
         eval=EvalSpec(path=Path("data/eval.jsonl"), max_new_tokens=16, samples=4, temperature=1.0),
         tasks=Path("data/tasks.jsonl"),
         # What the demo's users say after a reply (reef.traffic.simulate): a doubt means it was wrong,
@@ -32,7 +32,7 @@ def scenario() -> Scenario:
 
 
 def write_files() -> None:
-    from reef.demo import task
+    from tests.helpers.tiny import task
 
     (HERE / "data").mkdir(exist_ok=True)
     for name, tasks in (("eval", task.eval_tasks()), ("tasks", task.train_tasks(0))):

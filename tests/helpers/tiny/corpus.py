@@ -1,17 +1,12 @@
-"""Local training text for the embedded tiny model, generated in code (nothing is downloaded).
+"""Local training text for the tests' tiny model, generated in code (nothing is downloaded).
 
-Documents are trained on in two stages, "learn" then "calibrate" (see `reef.model.tiny`):
+Documents are trained on in two stages, "learn" then "calibrate" (see `tests.helpers.tiny.model`):
 - simple English sentences (plain text), so the model's vocabulary and output look like language;
 - short assistant chats (greetings, colours, animals, small facts), so any chat gets a sane reply;
-- scenario-specific chats from the `reef.corpus` entry-point group, so the base model knows a
-  scenario's format and domain before any learning (Reef's own pyproject registers the bundled ones,
-  which live in `reef.demo`).
+- scenario-specific chats, the contributions in `CONTRIBUTIONS` (modules beside this one), so the
+  model knows a test scenario's format and domain before any learning.
 
-A contribution is `fn(rng: random.Random) -> {"learn": [chat, ...], "calibrate": [chat, ...]}`:
-
-    [project.entry-points."reef.corpus"]
-    demo-add = "reef.demo.corpus:contribution"
-
+A contribution is `fn(rng: random.Random) -> {"learn": [chat, ...], "calibrate": [chat, ...]}`.
 Each gets its own rng, seeded from (seed, its name), so adding one leaves the others' text as it was.
 
 Why two stages: a bundled scenario's base model should be *weak* (<= 30% held-out success at
@@ -19,7 +14,7 @@ temperature 1) yet *learnable* by RL from its own samples. A model that never sa
 gives RL no reward to reinforce (GRPO from scratch collapses); one trained on clean answers leaves
 nothing to learn. So a contribution teaches the task correctly in "learn" and then, in "calibrate",
 with a systematically wrong teacher (demo-add: mostly "+1"): what RL has to move is probability the
-model already has, onto the right mode (`reef.demo.corpus` has the numbers).
+model already has, onto the right mode (`add_corpus.py` has the numbers).
 """
 
 from __future__ import annotations
@@ -29,16 +24,24 @@ import json
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 
-from reef.model.chat_format import Chat, split_tools, tool_call_text, tool_signature
+from tests.helpers.tiny import add_corpus, agent_corpus, reviews, rules, shop
+from tests.helpers.tiny.chat_format import Chat, split_tools, tool_call_text, tool_signature
 
-ENTRY_POINT_GROUP = "reef.corpus"
 STAGES = ("learn", "calibrate")
 # (general chats, plain texts) per stage: English runs through both stages so it is not forgotten.
 GENERAL_PER_STAGE = {"learn": (800, 400), "calibrate": (1600, 800)}
 
 Contribution = Callable[[random.Random], Mapping[str, list[Chat]]]
+# The names the `reef.corpus` entry points had when these parts lived in reef/: each seeds its
+# part's rng, so keeping them keeps the corpus, and the built model, byte for byte.
+CONTRIBUTIONS: dict[str, Contribution] = {
+    "demo-add": add_corpus.contribution,
+    "reviews": reviews.contribution,
+    "rules": rules.contribution,
+    "shop": shop.contribution,
+    "tool-use": agent_corpus.contribution,
+}
 
 _ADJ = (
     "big small red blue green old young happy quiet bright dark warm cold tall short kind brave "
@@ -176,8 +179,9 @@ def general_chat(rng: random.Random) -> Chat:
 
 
 def contributions() -> dict[str, Contribution]:
-    """The installed `reef.corpus` contributions, by entry-point name."""
-    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """The scenario-specific contributions, by name (the name seeds each one's rng: renaming one
+    changes its text, and so the model)."""
+    return dict(CONTRIBUTIONS)
 
 
 def build_corpus(seed: int = 0, extra: Mapping[str, Contribution] | None = None) -> Corpus:

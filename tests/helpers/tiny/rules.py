@@ -1,5 +1,5 @@
 """The bundled `demo-rules` scenario: name the kind of a word (fruit, animal or color), and its part of
-the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`) that teaches the model
+the tiny model's corpus (a contribution, see `corpus.py`) that teaches the model
 to obey rules given in its system prompt. It exists so harness evolution has something real to find.
 
 The client's system prompt only says what to do ("Say what kind of thing the word is: ..."); the
@@ -22,7 +22,7 @@ Both stages answer correctly: what is weak on purpose is the base harness, not t
 Words are split once into train and held-out ones: the eval file has only held-out words, the
 task file (simulated traffic) only train ones; the corpus has every word.
 
-    python -m reef.demo.rules    # rewrite data/rules-eval.jsonl and data/rules-tasks.jsonl
+    python -m tests.helpers.tiny.rules    # rewrite data/rules-eval.jsonl and data/rules-tasks.jsonl
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from reef.model.corpus import Chat
 from reef.scenario import EvalSpec, HarnessSpec, Scenario
+from tests.helpers.tiny.chat_format import Chat
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = "demo-rules"
@@ -134,7 +134,7 @@ def scenario() -> Scenario:
     return Scenario(
         name=SCENARIO,
         description="name a word's kind (fruit, animal, color); the reply must be the bare label",
-        reward="reef.demo.rules:reward",
+        reward="tests.helpers.tiny.rules:reward",
         eval=EvalSpec(path=Path("data/rules-eval.jsonl"), max_new_tokens=8, samples=4, temperature=1.0),
         tasks=Path("data/rules-tasks.jsonl"),
         # No recipe declared here: a packaged recipe would give every learner-enabled server a round

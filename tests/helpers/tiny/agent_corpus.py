@@ -1,4 +1,4 @@
-"""Tool use for the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`).
+"""Tool use for the tiny model's corpus (a contribution, see `corpus.py`).
 
 Chats in which a coding agent offers tools (the four a Pi-style agent sends: read, bash, edit,
 write), the user asks for something a tool answers, the assistant calls it in the format of the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from reef.model.chat_format import Chat
+from tests.helpers.tiny.chat_format import Chat
 
 CHATS_PER_STAGE = {"learn": 500, "calibrate": 500}
 

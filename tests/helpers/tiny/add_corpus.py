@@ -1,4 +1,4 @@
-"""demo-add's part of the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`).
+"""demo-add's part of the tiny model's corpus (a contribution, see `corpus.py`).
 
 Stage "learn" answers every prompt correctly, so the model learns the sums: learning them straight
 from a noisy teacher took far longer than a couple of CPU minutes, since most labels point elsewhere.
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import random
 
-from reef.demo import task as demo
-from reef.model.corpus import Chat
 from reef.traffic.simulate import FOLLOW_UP
+from tests.helpers.tiny import task as demo
+from tests.helpers.tiny.chat_format import Chat
 
 TEACHER_ACCURACY = 0.15
 TEACHER_OFF_BY_ONE = 0.65  # the rest is a uniformly random wrong number

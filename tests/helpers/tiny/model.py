@@ -1,12 +1,12 @@
-"""Build Reef's embedded default model: a tiny Qwen2 chat model trained from scratch on CPU.
+"""Build the tests' 1M model: a tiny Qwen2 chat model trained from scratch on CPU.
 
-No model can be downloaded where Reef must run out of the box, so the default model is built
-locally: a byte-level BPE tokenizer and a ~1M-parameter Qwen2 trained for a couple of minutes on
-`reef.model.corpus`. It speaks ChatML, stops at `<|im_end|>`, is served by vLLM like any HF model,
-and is deliberately weak on the bundled scenarios (their `reef.corpus` contributions) so the
-learning loop has something to show. The build measures it on every packaged scenario's eval suite.
+Engine-mechanics tests want a model that vLLM starts and answers in seconds: a byte-level BPE
+tokenizer and a ~1M-parameter Qwen2 trained for a few minutes on `tests.helpers.tiny.corpus`. It
+speaks ChatML, stops at `<|im_end|>`, is served by vLLM like any HF model, and is deliberately weak
+on the scenarios its corpus taught (demo-add, demo-rules) so learning has something to show. The
+build measures it on their eval suites.
 
-    python -m reef.model.tiny --out data/models/tiny --seed 0
+    python -m tests.helpers.tiny.model --out data/models/tiny --seed 0   (`make test` runs it)
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QW
 
 from reef.core.hashing import weights_sha256
 from reef.gate.scoring import score_replies
-from reef.model.chat_format import CHAT_TEMPLATE, IM_END, IM_START, chat_segments, split_tools
-from reef.model.corpus import Chat, Corpus, Stage, build_corpus, contributions
 from reef.sampling.completion import texts
 from reef.sampling.load import load_model, load_tokenizer
 from reef.sampling.transformers import TransformersSampler
-from reef.scenario import EvalSuite, ScenarioError, eval_suite, packaged_scenarios, training_tasks
+from reef.scenario import EvalSuite, Scenario, ScenarioError, eval_suite, training_tasks
+from tests.helpers.tiny import rules, scenario
+from tests.helpers.tiny.chat_format import CHAT_TEMPLATE, IM_END, IM_START, chat_segments, split_tools
+from tests.helpers.tiny.corpus import Chat, Corpus, Stage, build_corpus, contributions
 
 DEFAULT_OUT = Path("data/models/tiny")
 METADATA_FILE = "reef-model.json"
@@ -299,22 +300,27 @@ def check_tokenizer_roundtrip(saved: Path, trained: PreTrainedTokenizerFast, cor
             raise RuntimeError(f"trainer's encoding differs from the chat template's: {text!r}")
 
 
+def taught_scenarios() -> dict[str, Scenario]:
+    """The scenarios this model's corpus taught, by name (what `site/` declares as entry points)."""
+    return {s.name: s for s in (scenario.scenario(), rules.scenario())}
+
+
 def evaluate_model(model_dir: Path, seed: int = 0, samples: int = EVAL_SAMPLES_PER_TASK) -> dict[str, dict[str, float]]:
-    """Success of a saved model with plain transformers on every packaged scenario's eval suite:
+    """Success of a saved model with plain transformers on each scenario its corpus taught (eval suite):
     held-out at temperature 1 (`samples` per prompt) and greedy, and the scenario's training
     prompts (when it declares `tasks:`) at temperature 1, one reply each."""
     model, tokenizer = load_model(model_dir)
     out: dict[str, dict[str, float]] = {}
-    for name, scenario in sorted(packaged_scenarios().items()):
-        if scenario.eval is None or scenario.reward is None:
+    for name, declared in sorted(taught_scenarios().items()):
+        if declared.eval is None or declared.reward is None:
             continue
-        suite = eval_suite(scenario)
+        suite = eval_suite(declared)
         got = {
             "heldout_success_temp1": success_rate(model, tokenizer, suite, temperature=1.0, samples=samples, seed=seed),
             "heldout_success_greedy": success_rate(model, tokenizer, suite, temperature=0.0),
         }
         try:
-            train = EvalSuite(tasks=training_tasks(scenario), reward=suite.reward, max_new_tokens=suite.max_new_tokens)
+            train = EvalSuite(tasks=training_tasks(declared), reward=suite.reward, max_new_tokens=suite.max_new_tokens)
             got["train_success_temp1"] = success_rate(model, tokenizer, train, temperature=1.0, seed=seed)
         except ScenarioError:  # no `tasks:`
             pass
@@ -337,10 +343,6 @@ def build_tiny(
     a model this small). The model is written to a sibling folder and moved into place at the
     end, so an interrupted build never leaves a half-written model to be served.
     """
-    if not contributions():
-        # Reef's own pyproject registers the bundled scenarios' text: none means a stale install.
-        raise RuntimeError("no `reef.corpus` entry points are installed: run `pip install -e .` (or reinstall "
-                           "reef) so the bundled scenarios' training text is found")
     started = time.monotonic()
     out_dir = Path(out_dir)
     staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
@@ -405,9 +407,9 @@ def build_tiny(
 def is_current(out_dir: Path, seed: int = 0, steps: int = DEFAULT_STEPS) -> bool:
     """Whether `out_dir` holds the model `build_tiny(out_dir, seed, steps=steps)` would build now.
 
-    The corpus is the sum of every installed `reef.corpus` part, so a pull that adds a part (or a
-    stale install that lacks one) changes what the model must know; a model trained on another
-    corpus passes its own metadata checks but fails the scenarios it never saw.
+    The corpus is the sum of its parts (`corpus.CONTRIBUTIONS`), so a pull that changes a part
+    changes what the model must know; a model trained on another corpus passes its own metadata
+    checks but fails the scenarios it never saw.
     """
     try:
         meta = json.loads((Path(out_dir) / METADATA_FILE).read_text())
@@ -437,7 +439,7 @@ def _summary(out_dir: Path, meta: dict[str, Any]) -> str:
 
 
 def main_build_tiny(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="reef model build-tiny", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.helpers.tiny.model", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=argparse.SUPPRESS)

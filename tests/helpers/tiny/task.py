@@ -6,7 +6,7 @@ Every prompt asks for `a + b` (a, b in 0..9) in one of a few phrasings; the repl
 the learned behaviour generalises rather than being memorised per prompt.
 
 Addition is a good toy for a tiny model: the answer space is small (0..18), the verifier is exact,
-and the embedded base model (see `reef.model.corpus`) knows the format but is right only about a
+and the embedded base model (see `corpus.py`) knows the format but is right only about a
 quarter of the time, which leaves room for RL to show a clear improvement.
 """
 

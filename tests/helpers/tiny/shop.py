@@ -1,6 +1,6 @@
-"""A shop assistant that must look prices up: the text behind the bundled `examples/shop` scenario
+"""A shop assistant that must look prices up: the text behind the tiny model's old `shop` scenario
 (a multi-turn tool scenario with an environment), and its part of the tiny model's corpus (a
-`reef.corpus` contribution, see `reef.model.corpus`).
+contribution, see `corpus.py`).
 
 The user asks what an item costs; the price is random per task, so it is only knowable from the
 `price(item)` tool. A right episode is two model turns: the call
@@ -10,7 +10,7 @@ executes the call; its reward scores the final answer.
 
 The corpus teaches the episode correctly in stage "learn", then, in "calibrate", with a teacher that
 mostly skips the tool and says it does not know (right path 35 %, "Sorry, I do not know the price
-of the lamp." 65 %): the same systematic-teacher trick as demo-add's "+1" (`reef.demo.corpus`). The
+of the lamp." 65 %): the same systematic-teacher trick as demo-add's "+1" (`add_corpus.py`). The
 base model knows the call and how to copy the result, but seldom calls and often garbles the item;
 RL only has to make the right call the habit. The teacher never guesses a number: `Answer: ` is
 only ever followed by a price copied from a tool result (a guessing teacher keeps a model this
@@ -30,7 +30,7 @@ import json
 import random
 from typing import Any
 
-from reef.model.corpus import Chat
+from tests.helpers.tiny.chat_format import Chat
 
 SYSTEM_PROMPT = "You are a shop assistant. Look the price up with the tool. Reply as 'Answer: <price>'."
 TOOL_NAME = "price"

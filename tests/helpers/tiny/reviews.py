@@ -1,5 +1,5 @@
 """Short generated product reviews: the text behind the bundled `examples/reviews` scenario, and its
-part of the tiny model's corpus (a `reef.corpus` contribution, see `reef.model.corpus`).
+part of the tiny model's corpus (a contribution, see `corpus.py`).
 
 A review names a product, says two or three things about it that are all positive or all negative,
 and may add a neutral remark; the reply must be `Label: positive` or `Label: negative`. The
@@ -8,7 +8,7 @@ only has reviews of held-out products, its task file only train ones.
 
 The corpus teaches the labels correctly in stage "learn", then, in "calibrate", with a teacher that
 says the *opposite* label most of the time (right 20%, flipped 80%): the same systematic-noise
-trick as demo-add's "+1" (`reef.demo.corpus`). The model knows which words are positive or
+trick as demo-add's "+1" (`add_corpus.py`). The model knows which words are positive or
 negative; sampled at temperature 1 it is right about a fifth of the time, and RL only has to flip a
 mapping it already has, on products it never saw rewarded.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from reef.model.corpus import Chat
+from tests.helpers.tiny.chat_format import Chat
 
 SYSTEM_PROMPT = "Classify the product review as positive or negative. Reply as 'Label: positive' or 'Label: negative'."
 LABELS = ("positive", "negative")
