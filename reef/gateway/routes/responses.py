@@ -1,7 +1,7 @@
 """`POST /v1/responses`: the OpenAI Responses API (the Codex CLI's and the Agents SDK's), JSON and SSE.
 
-Translated to a chat completions body and served, recorded and answered through the chat route's
-one path (`reef.gateway.routes.dialects`); the translation is `reef.gateway.wire.responses`.
+Translated to a chat completions body, served and recorded by the one exchange and rendered as
+Responses JSON or events (`reef.gateway.dialects`); the translation is `reef.gateway.wire.responses`.
 Errors have the OpenAI shape, as the chat route's do.
 """
 
@@ -12,11 +12,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from reef.gateway.routes.chat import RESPONSE_LINKS, RESPONSE_RECEIPT
-from reef.gateway.routes.dialects import SSE_EVENT, serve_dialect
-from reef.gateway.state import get_state
+from reef.gateway.dialects import ChatCall, serve_dialect
+from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire import responses as wire
-from reef.gateway.wire.contract import DATA_PLANE, RECORD_HEADERS, SCENARIO_HEADER, body, errors
+from reef.gateway.wire.contract import (
+    DATA_PLANE,
+    RECORD_HEADERS,
+    RESPONSE_LINKS,
+    RESPONSE_RECEIPT,
+    SCENARIO_HEADER,
+    SSE_EVENT,
+    body,
+    errors,
+)
 from reef.gateway.wire.dialect import ContextOverflow, StreamTranslator
 from reef.gateway.wire.errors import error_body
 
@@ -27,8 +35,11 @@ PATH = "/v1/responses"
 class ResponsesDialect:
     name = "responses"
     parse = staticmethod(wire.parse)
-    to_chat = staticmethod(wire.to_chat)
     from_chat = staticmethod(wire.from_chat)
+
+    @staticmethod
+    async def to_chat(st: GatewayState, request: Request, req: wire.ResponsesRequest, scenario: str) -> ChatCall:
+        return ChatCall(wire.to_chat(req, st.config.model_name))
 
     @staticmethod
     def stream(req: Any, record_id: str | None, model: str) -> StreamTranslator:
@@ -57,5 +68,5 @@ DIALECT = ResponsesDialect()
     openapi_extra={**body(wire.ResponsesRequest), "parameters": [SCENARIO_HEADER, *RECORD_HEADERS], **DATA_PLANE},
 )
 async def create_response(request: Request) -> Response:
-    # Documents the route; requests are served by `reef.gateway.routes.fastpath`, ahead of FastAPI.
+    # Documents the route; requests are served by `reef.gateway.fastpath`, ahead of FastAPI.
     return await serve_dialect(get_state(request), request, DIALECT)

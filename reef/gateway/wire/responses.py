@@ -21,6 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.gateway.wire import headers
+from reef.gateway.wire.completion import UpstreamResponse
 from reef.gateway.wire.dialect import event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
 
@@ -225,17 +226,17 @@ def _finish(shell: dict[str, Any], finish_reason: str | None, usage: dict[str, A
     shell["usage"] = _usage(usage)
 
 
-def from_chat(chat: dict[str, Any], req: ResponsesRequest, record_id: str | None) -> dict[str, Any]:
-    """A chat completion (as the client would have got it) as a Responses API response."""
-    shell = _shell(req, record_id, chat.get("model", ""), int(chat.get("created") or time.time()), "completed")
-    choice = (chat.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+def from_chat(chat: UpstreamResponse, req: ResponsesRequest, record_id: str | None, model: str) -> dict[str, Any]:
+    """A chat completion as a Responses API response."""
+    shell = _shell(req, record_id, model, int(chat.created or time.time()), "completed")
+    choice = chat.choices[0] if chat.choices else None
+    message = (choice.message if choice is not None else None) or {}
     base = shell["id"].removeprefix("resp_")
     if message.get("content") or not message.get("tool_calls"):
         shell["output"].append(_message_item(f"msg_{base}", message.get("content") or ""))
     for n, call in enumerate(message.get("tool_calls") or ()):
         shell["output"].append(_call_item(f"fc_{base}_{n}", call))
-    _finish(shell, choice.get("finish_reason"), chat.get("usage"))
+    _finish(shell, choice.finish_reason if choice is not None else None, chat.usage)
     if record_id is not None:
         shell["agent_record_id"] = record_id
     return shell
