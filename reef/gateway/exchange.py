@@ -193,7 +193,7 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
                 st.hold.exit()
                 holding = False
                 acc = StreamAccumulator()
-                served.chunks = ChunkStream(_recorded(st, ex, _prepend(first, batches), wants, started, acc), acc)
+                served.chunks = ChunkStream(_recorded(st, ex, first, batches, wants, started, acc), acc)
                 return served
             raw = await st.upstream.chat(up_body)
             st.hold.exit()
@@ -325,16 +325,6 @@ async def commit(st: GatewayState, record: RecordRow) -> None:
     bound.ok.inc()
 
 
-async def _prepend(first: list[bytes], rest: AsyncIterator[list[bytes]]) -> AsyncIterator[list[bytes]]:
-    try:
-        if first:
-            yield first
-        async for lines in rest:
-            yield lines
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
-
-
 def _chunks(lines: list[bytes]) -> tuple[list[Chunk], bool]:
     """The parsed `data:` events of one read, and whether the stream's `[DONE]` was among them."""
     out: list[Chunk] = []
@@ -348,18 +338,18 @@ def _chunks(lines: list[bytes]) -> tuple[list[Chunk], bool]:
     return out, False
 
 
-async def _recorded(st: GatewayState, ex: Exchange, batches: AsyncIterator[list[bytes]], wants: ClientWants,
-                    started: float, acc: StreamAccumulator) -> AsyncIterator[list[Chunk]]:
+async def _recorded(st: GatewayState, ex: Exchange, first: list[bytes], batches: AsyncIterator[list[bytes]],
+                    wants: ClientWants, started: float, acc: StreamAccumulator) -> AsyncIterator[list[Chunk]]:
+    """`first`: the lines of the stream's first read (read before the engine hold was let go)."""
     committing = False
     try:
-        done = False
+        chunks, done = _fed(first, acc)
+        if chunks:
+            yield chunks
         async for lines in batches:
             if done:
-                continue
-            chunks, done = _chunks(lines)
-            for chunk in chunks:
-                if "error" not in chunk:  # an engine's mid-stream error is passed on, not recorded
-                    acc.feed(chunk)
+                continue  # read to its end, so that its connection is kept
+            chunks, done = _fed(lines, acc)
             if chunks:
                 yield chunks
         committing = True
@@ -374,6 +364,14 @@ async def _recorded(st: GatewayState, ex: Exchange, batches: AsyncIterator[list[
             )
             _background.add(task)
             task.add_done_callback(_background.discard)
+
+
+def _fed(lines: list[bytes], acc: StreamAccumulator) -> tuple[list[Chunk], bool]:
+    chunks, done = _chunks(lines)
+    for chunk in chunks:
+        if "error" not in chunk:  # an engine's mid-stream error is passed on, not recorded
+            acc.feed(chunk)
+    return chunks, done
 
 
 async def _passed(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[list[Chunk]]:

@@ -210,7 +210,10 @@ class StreamAccumulator:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
-            acc = self.choices.setdefault(choice.get("index", 0), _ChoiceAcc())
+            index = choice.get("index", 0)
+            acc = self.choices.get(index)
+            if acc is None:  # not setdefault: that would build an accumulator for every chunk
+                acc = self.choices[index] = _ChoiceAcc()
             delta = choice.get("delta") or {}
             # The first generated token, whatever it is: a reply that is only end-of-turn (or only a
             # tool call) has a time to first token too.
