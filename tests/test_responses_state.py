@@ -101,5 +101,6 @@ def test_store_false_and_unknown_ids_are_refused_as_openai_does(gateway) -> None
     with pytest.raises(openai.BadRequestError) as bad:
         off.responses.create(model=MODEL_NAME, input="hi", max_output_tokens=4, store=True)
     assert bad.value.body["param"] == "store"
-    doc = httpx.get(f"{gateway.url}/reef/openapi.json").json()
-    assert doc["paths"]["/v1/responses/{response_id}"]["get"]["operationId"] == "retrieve_response"
+    retrieve = httpx.get(f"{gateway.url}/reef/openapi.json").json()["paths"]["/v1/responses/{response_id}"]["get"]
+    assert retrieve["operationId"] == "retrieve_response"
+    assert {p["name"] for p in retrieve["parameters"]} == {"response_id", "x-reef-scenario"}
