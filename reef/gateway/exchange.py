@@ -155,7 +155,7 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
         h.valid_id(session_header, h.SESSION)
     if client_id is not None:
         h.valid_id(client_id, h.RECORD_ID)
-        stored = await existing(st, client_id, scenario, body_hash)
+        stored = await _existing(st, client_id, scenario, body_hash)
         if stored is not None:
             st.metrics.requests.labels(scenario, "replayed").inc()
             return _replay(stored, body, stream)
@@ -164,29 +164,35 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
     prefixes = prefix_hashes(body["messages"])  # for the session lookup and the record's reply hashes
     session_id = session_header or session_id or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
 
+    ex = Exchange(
+        record_id=record_id, scenario=scenario, session_id=session_id, release_id="", created_at=created_at,
+        body=body, body_hash=body_hash, request_model=client_model, tags=h.tags_of(request), stream=stream,
+        latency_ms=0.0, ttft_ms=None, has_token_ids=st.upstream.token_ids, prefix_hash=prefixes[-1],
+        dialect=dialect, params=params,
+    )
+    return await _send(st, ex, started)
+
+
+async def _send(st: GatewayState, ex: Exchange, started: float) -> Served:
+    """Send the call on the route it picks, and record it (a stream: once it has ended)."""
     # From picking a route until the engine has the request, a full-weight swap must wait for this
     # request (EngineHold): it then runs entirely on the weights of the release it records.
     await st.hold.enter()
     holding = True
     try:
-        pick, upstream_model = _route(st, scenario, client_model)
-        harness_id, sent = served_body(st, scenario, pick.harness_id, body)
-        ex = Exchange(
-            record_id=record_id, scenario=scenario, session_id=session_id, release_id=pick.release_id,
-            created_at=created_at, body=body, body_hash=body_hash, request_model=client_model,
-            tags=h.tags_of(request), stream=stream, latency_ms=0.0, ttft_ms=None,
-            has_token_ids=st.upstream.token_ids, harness_id=harness_id, sent_messages=sent["messages"],
-            prefix_hash=prefixes[-1], dialect=dialect, params=params,
-        )
+        pick, upstream_model = _route(st, ex.scenario, ex.request_model)
+        ex.release_id = pick.release_id
+        ex.harness_id, sent = served_body(st, ex.scenario, pick.harness_id, ex.body)
+        ex.sent_messages = sent["messages"]
         if pick.arm is not None:
-            st.canaries.assign(record_id, scenario, pick.arm)
+            st.canaries.assign(ex.record_id, ex.scenario, pick.arm)
         up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids,
                                           st.config.limits.default_max_tokens)
-        served = Served(record_id, pick.release_id, client_model, wants)
+        served = Served(ex.record_id, pick.release_id, ex.request_model, wants)
 
-        st.inflight.begin(record_id, scenario, body_hash)
+        st.inflight.begin(ex.record_id, ex.scenario, ex.body_hash)
         try:
-            if stream:
+            if ex.stream:
                 batches = await st.upstream.stream_chat(up_body)
                 # vLLM adds a request to its engine when its stream starts: the first chunk proves it.
                 first: list[bytes] = await anext(batches, [])
@@ -200,28 +206,32 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
             holding = False
             ex.latency_ms = (time.perf_counter() - started) * 1000
             response = read_response(raw)
-            content = client_json(raw, wants, client_model)  # once: the same bytes are sent and recorded
+            content = client_json(raw, wants, ex.request_model)  # once: the same bytes are sent and recorded
             await commit(st, record_row(ex, response, content))
-            st.metrics.chat(scenario).latency.observe(time.perf_counter() - started)
+            st.metrics.chat(ex.scenario).latency.observe(time.perf_counter() - started)
             served.completion = Completion(response, content)
             return served
         except UpstreamError as exc:
-            st.inflight.finish(record_id, False)
-            st.metrics.requests.labels(scenario, str(exc.status)).inc()
-            overflow = context_overflow(exc.status, exc.body)
-            if overflow is not None:
-                # Refused, never truncated: nothing of it becomes experience; counted and logged.
-                kind = dialect or "chat_completions"
-                st.context_refused[kind] = st.context_refused.get(kind, 0) + 1
-                log.info("refused %s (%s, scenario %s): prompt of %s tokens over the context of %s", record_id,
-                         kind, scenario, overflow.prompt_tokens, overflow.limit)
-            raise Refused(exc.status, exc.body, overflow, captured=True) from None
+            st.inflight.finish(ex.record_id, False)
+            raise _refused(st, ex, exc) from None
         except BaseException:
-            st.inflight.finish(record_id, False)
+            st.inflight.finish(ex.record_id, False)
             raise
     finally:
         if holding:
             st.hold.exit()
+
+
+def _refused(st: GatewayState, ex: Exchange, exc: UpstreamError) -> Refused:
+    st.metrics.requests.labels(ex.scenario, str(exc.status)).inc()
+    overflow = context_overflow(exc.status, exc.body)
+    if overflow is not None:
+        # Refused, never truncated: nothing of it becomes experience; counted and logged.
+        kind = ex.dialect or "chat_completions"
+        st.context_refused[kind] = st.context_refused.get(kind, 0) + 1
+        log.info("refused %s (%s, scenario %s): prompt of %s tokens over the context of %s", ex.record_id, kind,
+                 ex.scenario, overflow.prompt_tokens, overflow.limit)
+    return Refused(exc.status, exc.body, overflow, captured=True)
 
 
 async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], scenario: str) -> Served:
@@ -262,18 +272,17 @@ async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], 
             st.hold.exit()
 
 
-async def existing(st: GatewayState, record_id: str, scenario: str, body_hash: str | None) -> Record | None:
-    """The stored record a retry refers to (waiting for it while it is in flight), or None for a new
-    id; 409 if its body differs (`body_hash` None: any body)."""
+async def _existing(st: GatewayState, record_id: str, scenario: str, body_hash: str) -> Record | None:
+    """The stored record a retry refers to, or None for a new id; 409 if the body differs."""
     pending = st.inflight.get(record_id)
     if pending is not None:
-        if body_hash is not None and (pending.scenario, pending.body_hash) != (scenario, body_hash):
+        if (pending.scenario, pending.body_hash) != (scenario, body_hash):
             raise ReefError(409, f"record {record_id} is in flight with another request body", param=h.RECORD_ID)
         await st.inflight.wait(record_id, st.config.request_timeout_s)
     known = st.store.record_index(record_id)
     if known is None:
         return None
-    if known[0] != scenario or (body_hash is not None and known[1] != body_hash):
+    if tuple(known) != (scenario, body_hash):
         raise ReefError(409, f"record {record_id} exists with another request body or scenario",
                         param=h.RECORD_ID, code="record_id_conflict")
     record = st.store.get_record(record_id)
