@@ -5,6 +5,9 @@ unknown ids are refused as the OpenAI API refuses them."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import httpx
 import openai
 import pytest
@@ -68,6 +71,39 @@ def test_stored_responses_are_retrieved_and_continued(make_gateway) -> None:
     gateway.start()
     again = gateway.client(**{"x-reef-scenario": "stateful"}).responses.retrieve(second.id)
     assert again.id == second.id and again.output_text == second.output_text
+
+
+def test_the_agents_sdk_keeps_its_conversation_on_the_server(gateway) -> None:
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # the SDK would export traces to OpenAI
+    receipts: list[str] = []
+
+    async def receipt(response: httpx.Response) -> None:
+        receipts.append(response.headers["x-reef-agent-record-id"])
+
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0,
+                                default_headers={"x-reef-scenario": "agents-sdk-stateful"},
+                                http_client=httpx.AsyncClient(event_hooks={"response": [receipt]}))
+
+    @function_tool
+    def bash(command: str) -> str:
+        """Execute a bash command."""
+        return RESULT
+
+    agent = Agent(name="coder", instructions=INSTRUCTIONS, tools=[bash],
+                  model=OpenAIResponsesModel(model=MODEL_NAME, openai_client=client),
+                  model_settings=ModelSettings(temperature=0, max_tokens=32))
+    try:  # each turn sends only its new items, with the previous turn's response id
+        asyncio.run(Runner.run(agent, ASK, max_turns=2, auto_previous_response_id=True))
+    except Exception as exc:  # the turn cap: the tiny model may keep calling the tool
+        assert type(exc).__name__ == "MaxTurnsExceeded", repr(exc)
+    first, second = (get_record(gateway, record_id) for record_id in receipts)
+    assert json.loads(second["params_json"])["reef.request"]["previous_response_id"] == (
+        "resp_" + first["record_id"].removeprefix("rec_"))
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    assert second["messages"][3]["content"] == RESULT
+    assert second["gen_ai.conversation.id"] == first["gen_ai.conversation.id"]
 
 
 def test_store_false_and_unknown_ids_are_refused_as_openai_does(gateway) -> None:
