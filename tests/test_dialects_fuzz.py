@@ -114,6 +114,8 @@ def test_retrieving_responses_never_5xx(gateway: Gateway) -> None:
             assert resp.status_code < 500, (response_id, headers, resp.text)
             if resp.status_code == 200:
                 assert resp.json()["id"] == response_id == known
+            elif resp.is_redirect:  # an id ending in "/" (%2F, decoded): Starlette redirects to the path without it
+                assert resp.headers["location"]
             else:
                 assert resp.json()["error"]["message"] and "Traceback" not in resp.text
 
