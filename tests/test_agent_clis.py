@@ -4,7 +4,7 @@ Claude Code (`@anthropic-ai/claude-code`, Anthropic's Messages API) and the Open
 
 The CLIs are pinned and installed by the Makefile (`make codex`, `make claude-code`), in project
 folders like Pi; a client that cannot be installed fails its test, never skips it. Each is
-configured with what the install adapters write (`reef.gateway.routes.install_agents`), runs under
+configured with what the install adapters write (`reef.gateway.install_agents`), runs under
 `timeout` in a throwaway HOME, and is tried twice: as it comes (its first prompt is larger than the
 tiny model's context: the dialect's typed context error, reported cleanly by the client, counted in
 `/reef/status`), then trimmed to fit, which is recorded in its own scenario and rewarded by session.
@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from reef.gateway.routes.install_agents import CLAUDE_VERSION, CODEX_VERSION, claude_settings, codex_config
+from reef.gateway.install_agents import CLAUDE_VERSION, CODEX_VERSION, claude_settings, codex_config
 from tests.helpers import MODEL_NAME, REPO
 from tests.helpers.gateway import Gateway
 

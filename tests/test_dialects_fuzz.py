@@ -4,6 +4,8 @@ routes from the OpenAPI document in tests/test_fuzz.py.)"""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,3 +91,33 @@ def test_dialect_routes_never_5xx(gateway: Gateway) -> None:
         probe()
     assert sum(sent.values()) >= 600 and sent.get(200, 0) > 0, sent
     assert httpx.get(f"{gateway.url}/healthz").status_code == 200
+
+
+_PATH_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
+
+
+def test_retrieving_responses_never_5xx(gateway: Gateway) -> None:
+    """`GET /v1/responses/{id}`: any id and headers, stored ids among them, answer 200 with the stored
+    response or an OpenAI-shaped error, never a 5xx."""
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+        stored = http.post("/v1/responses", json={"model": MODEL_NAME, "input": "hi", "max_output_tokens": 1})
+        assert stored.status_code == 200, stored.text
+        known = stored.json()["id"]
+        sent: dict[int, int] = {}
+
+        @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+        @given(st.sampled_from([known, "resp_", "resp_x", known.replace("resp_", "")]) | _PATH_TEXT,
+               st.just({}) | _HEADERS)
+        def probe(response_id: str, headers: dict[str, str]) -> None:
+            resp = http.get("/v1/responses/" + quote(response_id, safe=""), headers=headers)
+            sent[resp.status_code] = sent.get(resp.status_code, 0) + 1
+            assert resp.status_code < 500, (response_id, headers, resp.text)
+            if resp.status_code == 200:
+                assert resp.json()["id"] == response_id == known
+            elif resp.is_redirect:  # an id ending in "/" (%2F, decoded): Starlette redirects to the path without it
+                assert resp.headers["location"]
+            else:
+                assert resp.json()["error"]["message"] and "Traceback" not in resp.text
+
+        probe()
+    assert sent.get(200, 0) > 0 and sent.get(404, 0) > 0, sent

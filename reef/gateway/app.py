@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from reef.gateway.admission import ScenarioAdmission
+from reef.gateway.fastpath import ChatFastPath
 from reef.gateway.limits import SizeLimits
 from reef.gateway.routes import (
     chat,
@@ -20,7 +21,6 @@ from reef.gateway.routes import (
     responses,
     status,
 )
-from reef.gateway.routes.fastpath import ChatFastPath
 from reef.gateway.state import GatewayState
 from reef.gateway.wire.contract import install_openapi
 from reef.gateway.wire.errors import install_error_handlers

@@ -112,6 +112,8 @@ class Exchange:
     # The API the client spoke ("responses", "messages") when not chat completions: the record holds
     # the request translated to a chat body, and this says what it was translated from.
     dialect: str | None = None
+    # What of the dialect's request the chat body does not hold (kept as `"reef.request"` in `params_json`).
+    params: dict[str, Any] | None = None
 
 
 def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> RecordRow:
@@ -126,6 +128,8 @@ def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> 
     params = {k: v for k, v in body.items() if k != "messages"}
     if ex.dialect is not None:
         params["reef.dialect"] = ex.dialect
+    if ex.params:
+        params["reef.request"] = ex.params
     return RecordRow.of({
         "record_id": ex.record_id,
         "scenario": ex.scenario,

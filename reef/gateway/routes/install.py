@@ -1,6 +1,6 @@
 """`GET /reef/harness/install?adapter=pi|codex|claude-code|openai&scenario=S`: set up an agent against this server.
 
-`codex` and `claude-code` are described in `reef.gateway.routes.install_agents`.
+`codex` and `claude-code` are described in `reef.gateway.install_agents`.
 
     curl -fsS 'http://127.0.0.1:8900/reef/harness/install?adapter=pi&scenario=support' | sh
 
@@ -26,8 +26,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
-from reef.gateway.routes.harness import current_harness
-from reef.gateway.routes.install_agents import claude_script, codex_script
+from reef.gateway.harness import current_harness
+from reef.gateway.install_agents import claude_script, codex_script
 from reef.gateway.state import get_state
 from reef.gateway.wire.contract import errors
 from reef.gateway.wire.errors import ReefError

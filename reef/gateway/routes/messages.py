@@ -1,7 +1,7 @@
 """`POST /v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages API (Claude Code's).
 
-A message call is translated to a chat completions body and served, recorded and answered through
-the chat route's one path (`reef.gateway.routes.dialects`); the translation is
+A message call is translated to a chat completions body, served and recorded by the one exchange
+and rendered as Anthropic JSON or events (`reef.gateway.dialects`); the translation is
 `reef.gateway.wire.messages`. Every error has Anthropic's shape (`{"type": "error", "error": ...}`).
 Claude Code calls `/v1/messages?beta=true`: the query is not part of the path, and is ignored.
 """
@@ -15,12 +15,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from reef.gateway import auth
-from reef.gateway.routes.chat import RESPONSE_LINKS, RESPONSE_RECEIPT
-from reef.gateway.routes.dialects import SSE_EVENT, serve_dialect
-from reef.gateway.state import get_state
+from reef.gateway.dialects import ChatCall, serve_dialect
+from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire import headers as h
 from reef.gateway.wire import messages as wire
-from reef.gateway.wire.contract import DATA_PLANE, RECORD_HEADERS, SCENARIO_HEADER, body, errors
+from reef.gateway.wire.contract import (
+    DATA_PLANE,
+    RECORD_HEADERS,
+    RESPONSE_LINKS,
+    RESPONSE_RECEIPT,
+    SCENARIO_HEADER,
+    SSE_EVENT,
+    body,
+    errors,
+)
 from reef.gateway.wire.dialect import ContextOverflow, StreamTranslator
 from reef.gateway.wire.errors import ReefError
 
@@ -32,8 +40,11 @@ COUNT_PATH = "/v1/messages/count_tokens"
 class MessagesDialect:
     name = "messages"
     parse = staticmethod(wire.parse)
-    to_chat = staticmethod(wire.to_chat)
     from_chat = staticmethod(wire.from_chat)
+
+    @staticmethod
+    async def to_chat(st: GatewayState, request: Request, req: wire.MessagesRequest, scenario: str) -> ChatCall:
+        return ChatCall(wire.to_chat(req, st.config.model_name))
 
     @staticmethod
     def stream(req: Any, record_id: str | None, model: str) -> StreamTranslator:
@@ -70,7 +81,7 @@ _ANTHROPIC_HEADERS = [
                    "parameters": [SCENARIO_HEADER, *RECORD_HEADERS, *_ANTHROPIC_HEADERS], **DATA_PLANE},
 )
 async def create_message(request: Request) -> Response:
-    # Documents the route; requests are served by `reef.gateway.routes.fastpath`, ahead of FastAPI.
+    # Documents the route; requests are served by `reef.gateway.fastpath`, ahead of FastAPI.
     return await serve_dialect(get_state(request), request, DIALECT)
 
 

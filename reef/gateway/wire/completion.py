@@ -43,14 +43,16 @@ def upstream_request(body: dict[str, Any], model: str, token_ids: bool = True,
     up["logprobs"] = True
     if token_ids:
         up["return_token_ids"] = True
-    usage = True
     if body.get("stream"):
         options = dict(body.get("stream_options") or {})
-        usage = bool(options.get("include_usage"))
         options["include_usage"] = True
         up["stream_options"] = options
-    wants = ClientWants(bool(body.get("logprobs")), bool(body.get("return_token_ids")), usage)
-    return up, wants
+    return up, client_wants(body)
+
+
+def client_wants(body: dict[str, Any]) -> ClientWants:
+    usage = not body.get("stream") or bool((body.get("stream_options") or {}).get("include_usage"))
+    return ClientWants(bool(body.get("logprobs")), bool(body.get("return_token_ids")), usage)
 
 
 # --- what a record keeps of a response -------------------------------------------------------
@@ -81,6 +83,7 @@ class UpstreamResponse(msgspec.Struct):
 
     id: str | None = None
     model: str | None = None
+    created: int | float | None = None  # any number: not every OpenAI-compatible server writes an int
     choices: list[UpstreamChoice] = msgspec.field(default_factory=list)
     usage: dict[str, Any] | None = None
     prompt_token_ids: list[int] | None = None
@@ -207,7 +210,10 @@ class StreamAccumulator:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
-            acc = self.choices.setdefault(choice.get("index", 0), _ChoiceAcc())
+            index = choice.get("index", 0)
+            acc = self.choices.get(index)
+            if acc is None:  # not setdefault: that would build an accumulator for every chunk
+                acc = self.choices[index] = _ChoiceAcc()
             delta = choice.get("delta") or {}
             # The first generated token, whatever it is: a reply that is only end-of-turn (or only a
             # tool call) has a time to first token too.

@@ -280,6 +280,22 @@ RECORD_HEADERS = [
 ]
 
 
+# What a model call's 200 answer documents: its receipt headers, the links the stateful fuzzing phase
+# follows from a call to its record and reports, and one event of a dialect's SSE stream (as OpenAPI
+# 3.1 tools parse `text/event-stream`: named events).
+RESPONSE_RECEIPT = {
+    "x-reef-agent-record-id": {"description": "the record's id (the receipt)", "schema": {"type": "string"}},
+    "x-reef-release-id": {"description": "the release (weights and harness) that answered",
+                          "schema": {"type": "string"}}}
+RESPONSE_LINKS = {
+    "GetRecord": {"operationId": "get_record", "parameters": {"record_id": "$response.header.x-reef-agent-record-id"}},
+    "Report": {"operationId": "report", "requestBody": {"agent_record_id": "$response.header.x-reef-agent-record-id",
+                                                        "score": 1.0}},
+}
+SSE_EVENT = {"type": "object", "required": ["event", "data"],
+             "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+
+
 def body(model: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` for a route that reads its body itself, validated by `model`."""
     _BODIES.add(model)

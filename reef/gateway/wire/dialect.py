@@ -1,15 +1,14 @@
 """What the agent dialects (the Responses API, Anthropic's Messages API) share on the wire.
 
-Each dialect translates its request into a chat completions body, which the chat route serves and
-records as it records any chat call, then translates the answer back: a JSON body, or the chat
-relay's SSE chunks as the dialect's own events. A `Dialect` is that translation; nothing here
-records or calls the model.
+Each dialect translates its request into a chat completions body, which the one exchange
+(`reef.gateway.exchange`) serves and records as it records any chat call, then renders the result
+in its own API: the typed completion as a JSON body, or the parsed chunks as its own SSE events.
+Nothing here records or calls the model.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,39 +71,6 @@ class StreamTranslator(Protocol):
     def finish(self, record_id: str | None) -> list[bytes]: ...
 
     def fail(self, error: dict[str, Any]) -> list[bytes]: ...
-
-
-async def translate_stream(chat: AsyncIterator[bytes], out: StreamTranslator) -> AsyncIterator[bytes]:
-    """The chat relay's SSE bytes (`data: {chunk}` events, then the receipt chunk) as a dialect's events.
-
-    The relay is closed when this is, so a client that goes away mid-stream still leaves its
-    record behind (the relay records what was generated when it is closed early). An uncaptured
-    call (`x-reef-capture: false`) has no receipt: its stream ends when the relay's does."""
-    ended = False
-    try:
-        async for data in chat:
-            batch: list[bytes] = []
-            for block in data.split(b"\n\n"):
-                if not block.startswith(b"data:"):
-                    continue
-                payload = block[5:].strip()
-                if payload == b"[DONE]":
-                    continue
-                chunk = orjson.loads(payload)
-                if "error" in chunk:  # the engine failed mid-stream: no receipt follows
-                    ended = True
-                    batch += out.fail(chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk)})
-                elif "agent_record_id" in chunk:  # the relay's receipt: the record is durable
-                    ended = True
-                    batch += out.finish(chunk["agent_record_id"])
-                else:
-                    batch += out.feed(chunk)
-            if batch:
-                yield b"".join(batch)
-        if not ended:
-            yield b"".join(out.finish(None))
-    finally:
-        await chat.aclose()  # type: ignore[attr-defined]
 
 
 def text_of(content: Any) -> str:

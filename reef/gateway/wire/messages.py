@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.gateway.wire import headers
+from reef.gateway.wire.completion import UpstreamResponse
 from reef.gateway.wire.dialect import ContextOverflow, event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
 from reef.gateway.wire.responses import ENGINE_EXTRAS
@@ -244,9 +245,10 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
-def from_chat(chat: dict[str, Any], req: MessagesRequest, record_id: str | None) -> dict[str, Any]:
-    choice = (chat.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+def from_chat(chat: UpstreamResponse, req: MessagesRequest, record_id: str | None, model: str) -> dict[str, Any]:
+    """A chat completion as an Anthropic message."""
+    choice = chat.choices[0] if chat.choices else None
+    message = (choice.message if choice is not None else None) or {}
     content: list[dict[str, Any]] = []
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
@@ -254,9 +256,10 @@ def from_chat(chat: dict[str, Any], req: MessagesRequest, record_id: str | None)
         fn = call.get("function") or {}
         content.append({"type": "tool_use", "id": call.get("id") or f"toolu_{len(content)}", "name": fn.get("name", ""),
                         "input": _input(fn.get("arguments") or "")})
-    return {"id": message_id(record_id), "type": "message", "role": "assistant", "model": chat.get("model", req.model),
-            "content": content, "stop_reason": _STOP.get(choice.get("finish_reason") or "stop", "end_turn"),
-            "stop_sequence": None, "usage": _usage(chat.get("usage")),
+    finish_reason = choice.finish_reason if choice is not None else None
+    return {"id": message_id(record_id), "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": _STOP.get(finish_reason or "stop", "end_turn"),
+            "stop_sequence": None, "usage": _usage(chat.usage),
             **({"agent_record_id": record_id} if record_id is not None else {})}
 
 

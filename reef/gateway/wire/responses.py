@@ -5,11 +5,10 @@ What is translated: `input` (a string, or items: messages with `input_text`/`out
 the model never wrote them here), `instructions` (the first system message), function `tools`
 (other tool types, such as `web_search` or `local_shell`, are dropped: Reef cannot run them),
 `tool_choice`, `max_output_tokens`, `temperature`, `top_p`, `parallel_tool_calls`, `text.format`
-(as `response_format`), `user`. Accepted and not acted on: `store` (Reef records every call as
-experience anyway, and keeps no response to fetch back by id), `reasoning`, `include`,
-`prompt_cache_key`, `client_metadata`, `metadata`, `truncation`, `service_tier`, and any other field.
-`previous_response_id` is refused with a 400 naming it: the client must send the whole
-conversation (as agents do with `store: false`).
+(as `response_format`), `user`, `store` and `previous_response_id` (a stored response is its record:
+its conversation is prepended to the new input). Accepted and not acted on: `reasoning`, `include`,
+`prompt_cache_key`, `client_metadata`, `truncation`, `service_tier`, and any other field
+(`metadata` is echoed).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.gateway.wire import headers
+from reef.gateway.wire.completion import UpstreamResponse
 from reef.gateway.wire.dialect import event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
 
@@ -148,12 +148,14 @@ def parse(raw: bytes) -> ResponsesRequest:
         raise from_validation(exc.errors(include_url=False), 400) from exc
 
 
-def to_chat(req: ResponsesRequest, default_model: str) -> dict[str, Any]:
-    if req.previous_response_id is not None:
-        raise ReefError(400, "previous_response_id is not supported: Reef keeps no responses to continue from; "
-                        "send the whole conversation in input (store: false)", param="previous_response_id",
-                        code="unsupported_parameter")
-    body: dict[str, Any] = {"model": req.model or default_model, "messages": _messages(req)}
+def to_chat(req: ResponsesRequest, default_model: str, context: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`context`: the stored conversation `previous_response_id` continues (`continued`), placed after
+    this request's instructions (the previous ones are not carried over) and before its input."""
+    messages = _messages(req)
+    if context:
+        at = 1 if req.instructions else 0
+        messages[at:at] = context
+    body: dict[str, Any] = {"model": req.model or default_model, "messages": messages}
     tools = _tools(req.tools or [])
     if tools:
         body["tools"] = tools
@@ -198,11 +200,17 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
 def _shell(req: ResponsesRequest, record_id: str | None, model: str, created: int, status: str) -> dict[str, Any]:
     return {"id": response_id(record_id), "object": "response", "created_at": created, "status": status,
             "model": model, "output": [], "error": None, "incomplete_details": None,
-            "instructions": req.instructions, "metadata": {}, "parallel_tool_calls": req.parallel_tool_calls
+            "instructions": req.instructions, "metadata": _metadata(req), "parallel_tool_calls": req.parallel_tool_calls
             if req.parallel_tool_calls is not None else True, "temperature": req.temperature, "top_p": req.top_p,
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
             "max_output_tokens": req.max_output_tokens, "text": req.text or {"format": {"type": "text"}},
-            "usage": None, "store": False}
+            "usage": None, "previous_response_id": req.previous_response_id,
+            "store": record_id is not None and req.store is not False}
+
+
+def _metadata(req: ResponsesRequest) -> dict[str, Any]:
+    metadata = (req.model_extra or {}).get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
@@ -225,17 +233,17 @@ def _finish(shell: dict[str, Any], finish_reason: str | None, usage: dict[str, A
     shell["usage"] = _usage(usage)
 
 
-def from_chat(chat: dict[str, Any], req: ResponsesRequest, record_id: str | None) -> dict[str, Any]:
-    """A chat completion (as the client would have got it) as a Responses API response."""
-    shell = _shell(req, record_id, chat.get("model", ""), int(chat.get("created") or time.time()), "completed")
-    choice = (chat.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+def from_chat(chat: UpstreamResponse, req: ResponsesRequest, record_id: str | None, model: str) -> dict[str, Any]:
+    """A chat completion as a Responses API response."""
+    shell = _shell(req, record_id, model, int(chat.created or time.time()), "completed")
+    choice = chat.choices[0] if chat.choices else None
+    message = (choice.message if choice is not None else None) or {}
     base = shell["id"].removeprefix("resp_")
     if message.get("content") or not message.get("tool_calls"):
         shell["output"].append(_message_item(f"msg_{base}", message.get("content") or ""))
     for n, call in enumerate(message.get("tool_calls") or ()):
         shell["output"].append(_call_item(f"fc_{base}_{n}", call))
-    _finish(shell, choice.get("finish_reason"), chat.get("usage"))
+    _finish(shell, choice.finish_reason if choice is not None else None, chat.usage)
     if record_id is not None:
         shell["agent_record_id"] = record_id
     return shell
@@ -356,3 +364,71 @@ class ResponsesStream:
         failed = {**self.shell, "status": "failed", "error": {"code": "server_error", "message": message}}
         out.append(self._event("response.failed", response=failed))
         return out
+
+
+# --- stored responses ---------------------------------------------------------------------------
+# A response is stored as its record (the chat record every call makes, durable before it is
+# answered), with what of the request the chat body does not hold kept in its `params_json`.
+
+_ECHOED = ("tool_choice", "max_output_tokens", "temperature", "top_p", "parallel_tool_calls", "text",
+           "previous_response_id", "user")
+
+
+def kept(req: ResponsesRequest) -> dict[str, Any]:
+    """What the record keeps of the request (`"reef.request"` in `params_json`) to answer it again
+    by id and to continue from it: the chat body holds the rest (the instructions' text, the tools)."""
+    out: dict[str, Any] = {"store": req.store is not False}
+    if req.instructions:
+        out["instructions"] = True  # the chat body's first message
+    out.update({k: getattr(req, k) for k in _ECHOED if getattr(req, k) is not None})
+    if _metadata(req):
+        out["metadata"] = _metadata(req)
+    return out
+
+
+def record_ids(response: str) -> list[str]:
+    """The record ids a response id may name (`response_id` made it from either)."""
+    if not response.startswith("resp_") or len(response) == len("resp_"):
+        return []
+    rest = response.removeprefix("resp_")
+    return ["rec_" + rest, rest]
+
+
+def continued(chat: dict[str, Any], request: dict[str, Any], reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation a stored response ends: its chat body's messages without its instructions,
+    then its reply as one assistant message, as a client that resent the whole input would send it.
+    `request`: what its record kept (`kept`); `reply`: its chat message."""
+    messages = list(chat.get("messages") or ())
+    if request.get("instructions") and messages:
+        messages = messages[1:]
+    message: dict[str, Any] = {"role": "assistant", "content": reply.get("content") or ""}
+    calls = [{"id": c.get("id"), "type": "function", "function": {
+        "name": (c.get("function") or {}).get("name", ""), "arguments": (c.get("function") or {}).get("arguments", "")}}
+        for c in reply.get("tool_calls") or ()]
+    if calls:
+        message["tool_calls"] = calls
+    return [*messages, message]
+
+
+def stored_request(chat: dict[str, Any], request: dict[str, Any]) -> ResponsesRequest:
+    """The request a stored response answered, as far as its response echoes it."""
+    messages = chat.get("messages") or [{}]
+    fields = {k: request[k] for k in (*_ECHOED, "store", "metadata") if k in request}
+    if request.get("instructions"):
+        fields["instructions"] = messages[0].get("content")
+    fields["tools"] = [{"type": "function", "name": fn.get("name"), "description": fn.get("description"),
+                        "parameters": fn.get("parameters"), "strict": None}
+                       for fn in ((t.get("function") or {}) for t in chat.get("tools") or ())] or None
+    return ResponsesRequest.model_construct(input="", **fields)
+
+
+def not_found(response: str) -> dict[str, Any]:
+    """The OpenAI API's answer (404) to a response id it does not hold."""
+    return {"error": {"message": f"No response found with id '{response}'.", "type": "invalid_request_error",
+                      "param": "response_id", "code": "response_not_found"}}
+
+
+def previous_not_found(response: str) -> ReefError:
+    """The OpenAI API's refusal (400) of a `previous_response_id` it does not hold (or did not store)."""
+    return ReefError(400, f"Previous response with id '{response}' not found.", param="previous_response_id",
+                     code="previous_response_not_found")

@@ -14,10 +14,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.experience.wal import WalError
+from reef.gateway.dialects import Dialect, serve_dialect
 from reef.gateway.limits import SizeLimits
 from reef.gateway.routes import messages, responses
 from reef.gateway.routes.chat import serve_chat
-from reef.gateway.routes.dialects import Dialect, serve_dialect
 from reef.gateway.state import GatewayState
 from reef.gateway.wire.errors import ReefError, reef_error_response, store_error_response, unexpected_error_response
 
