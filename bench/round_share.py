@@ -155,7 +155,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[Table |
     med = {arm: {k: _median([f[k] for f in fs]) for k in ("round_s", "train_s", "gate_s", "idle_p50", "round_p50")}
            for arm, fs in by_arm.items()}
     table = Table(title=f"a round of {args.example}'s own recipe on {args.records} records (SmolLM2-135M-Instruct, "
-                        f"2 cores), alone and beside {args.users} users; medians over {args.repeats} runs per arm")
+                        f"2 cores), alone and beside {args.users} users; medians over each arm's runs")
     for col in ("arm", "round s", "training s", "gate s", "round / alone", "users' p50 s without a round",
                 "users' p50 s during it", "p50 during / without", "runs (gate decisions)"):
         table.add_column(col, justify="right")
