@@ -99,9 +99,9 @@ $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
 # where their engines and servers want more than their core, the build keeps its own.
 # The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
 # browser and Pi tests, in the second phase, need them.
-# The notebooks `make test` executes are tests/notebooks/ (on the tests' tiny model); notebooks/01, the
-# walkthrough on the default model, took 225-581 s against 176-181 s on 2 shared cores (issue 35): run it with
-# `.venv/bin/pytest --nbmake notebooks`.
+# The notebooks `make test` executes are the copies in tests/notebooks/ (on the tests' tiny model), for time:
+# notebooks/ holds all four walkthroughs on the default model (01 took 225-581 s against its copy's 176-181 s
+# on 2 shared cores, issue 35); run those by hand with `.venv/bin/pytest --nbmake notebooks`.
 TEST_WORKERS ?= 2
 TINY := data/models/tiny
 PYTEST := $(BIN)/pytest -q -ra
