@@ -50,11 +50,11 @@ def seed_sessions(index: SessionIndex, data_dir: Path) -> None:
         return
     frame = (
         pl.scan_parquet([str(p) for p in shards])
-        .select("gen_ai.conversation.id", "reply_hashes")
+        .select("scenario", "gen_ai.conversation.id", "reply_hashes")
         .collect()
     )
-    for session_id, hashes in frame.iter_rows():
-        index.add(list(hashes or ()), session_id)
+    for scenario, session_id, hashes in frame.iter_rows():
+        index.add(scenario, list(hashes or ()), session_id)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

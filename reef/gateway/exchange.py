@@ -162,7 +162,8 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
     record_id = client_id or h.new_id("rec")
     client_model = body.get("model") or st.config.model_name
     prefixes = prefix_hashes(body["messages"])  # for the session lookup and the record's reply hashes
-    session_id = session_header or session_id or st.sessions.lookup(body["messages"], prefixes) or h.new_id("ses")
+    session_id = (session_header or session_id or st.sessions.lookup(scenario, body["messages"], prefixes)
+                  or h.new_id("ses"))
 
     ex = Exchange(
         record_id=record_id, scenario=scenario, session_id=session_id, release_id="", created_at=created_at,
@@ -327,7 +328,7 @@ async def commit(st: GatewayState, record: RecordRow) -> None:
         st.inflight.finish(record.record_id, False)
         raise
     st.metrics.durable_wait.observe(time.perf_counter() - waited)
-    st.sessions.add(record.reply_hashes, record.session_id)
+    st.sessions.add(record.scenario, record.reply_hashes, record.session_id)
     st.inflight.finish(record.record_id, True)
     bound = st.metrics.chat(record.scenario)
     bound.records.inc()

@@ -3,7 +3,10 @@
 A chat client resends the whole conversation each turn. A request whose messages start with an
 earlier record's messages followed by that record's reply continues that record's session. We
 keep a rolling hash per message prefix; each record stores the hashes of (its messages + each
-choice's reply), and a new request looks up its own prefixes, longest first.
+choice's reply), and a new request looks up its own prefixes, longest first, among the records of
+its own scenario: a session is one scenario's, so the same conversation sent under two scenarios
+(or through two dialects, each its own scenario) gives two sessions, each reported on and learned
+from by its own scenario.
 """
 
 from __future__ import annotations
@@ -77,27 +80,27 @@ def reply_hashes(messages: list[dict[str, Any]], replies: list[dict[str, Any]], 
 
 
 class SessionIndex:
-    """reply hash -> session id, for every record this server has seen."""
+    """(scenario, reply hash) -> session id, for every record this server has seen."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, str] = {}
+        self._sessions: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def add(self, hashes: list[str], session_id: str) -> None:
+    def add(self, scenario: str, hashes: list[str], session_id: str) -> None:
         with self._lock:
             for h in hashes:
-                self._sessions.setdefault(h, session_id)
+                self._sessions.setdefault((scenario, h), session_id)
 
-    def lookup(self, messages: list[dict[str, Any]], hashes: list[str] | None = None) -> str | None:
+    def lookup(self, scenario: str, messages: list[dict[str, Any]], hashes: list[str] | None = None) -> str | None:
         """`hashes`: `prefix_hashes(messages)`, when the caller has them already."""
         if hashes is None:
             hashes = prefix_hashes(messages)
         for i in range(len(messages) - 1, -1, -1):
             if messages[i].get("role") == "assistant":
-                found = self._sessions.get(hashes[i])
+                found = self._sessions.get((scenario, hashes[i]))
                 if found is not None:
                     return found
         return None

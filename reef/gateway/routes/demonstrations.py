@@ -142,6 +142,6 @@ async def import_demonstrations(body: ImportIn, request: Request) -> ImportRecei
     # Records before reports: a report never names a record that is not yet durable.
     await st.store.append_records(records)
     for record in records:
-        st.sessions.add(record.reply_hashes, record.session_id)
+        st.sessions.add(record.scenario, record.reply_hashes, record.session_id)
     await st.store.append_reports(reports)
     return ImportReceipt(agent_record_ids=[r.record_id for r in records], report_ids=[r.report_id for r in reports])
