@@ -70,13 +70,14 @@ def small_suite(tmp_path: Path, rows: list[dict], samples: int = 2) -> object:
 def engine_gates(cands: dict[str, Candidate], engine: EngineEndpoint,
                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, GateResult]:
     """Both candidates registered and gated through the engine against r0: `trained` with 4 samples
-    (what the transformers comparison below needs), `same` with 1 (its replies are the head's anyway)."""
+    (what the transformers comparison below needs), `same` with 1 (its replies are the head's anyway);
+    one look, so both gates sample every task (the comparison is of success over the whole suite)."""
     data = tmp_path_factory.mktemp("engine-gates") / "data"
     results = {}
     for name, samples in (("trained", 4), ("same", 1)):
         view = register_candidate(data, cands[name].path)
-        results[name] = evaluate_candidate(data, view.candidate_id, GateSettings(samples=samples), engine=engine,
-                                           progress=False)
+        results[name] = evaluate_candidate(data, view.candidate_id, GateSettings(samples=samples, looks=1),
+                                           engine=engine, progress=False)
     return results
 
 
@@ -177,7 +178,8 @@ def test_engine_and_transformers_agree_on_a_trained_candidate(cands: dict[str, C
     on_engine = engine_gates["trained"]  # the candidate's gate on the engine, 4 samples, vs the base (r0)
     assert on_engine.samples_per_prompt == 4
     candidate, head = Weights(TINY, cands["trained"].path), Weights(TINY)
-    offline = gate_weights(candidate, head, suite_for(demo.SCENARIO), GateSettings(samples=4), progress=False)
+    offline = gate_weights(candidate, head, suite_for(demo.SCENARIO), GateSettings(samples=4, looks=1),
+                           progress=False)
     assert (on_engine.backend, offline.backend) == ("engine", "transformers")
     # 80 tasks x 4 samples per arm: a success rate's standard error is at most 0.028; allow ~3 of
     # the difference's (0.04 each).

@@ -80,9 +80,15 @@ def _suite(tmp_path: Path, tasks: int) -> EvalSuite:
     return eval_suite(scenario)
 
 
-def _stub(monkeypatch: pytest.MonkeyPatch, candidate: list[str], head: list[str]) -> None:
-    def sample(*args: object, **kwargs: object) -> Replies:
-        return Replies({"candidate": [[r] for r in candidate], "head": [[r] for r in head]})
+def _stub(monkeypatch: pytest.MonkeyPatch, candidate: list[str], head: list[str],
+          asked: list[int] | None = None) -> None:
+    """Task `q<i>` gets `candidate[i]` and `head[i]`, whichever part of the suite a look samples;
+    `asked` collects the tasks sampled."""
+    def sample(_candidate: object, _head: object, suite: EvalSuite, *args: object, **kwargs: object) -> Replies:
+        ids = [int(t["messages"][0]["content"][1:]) for t in suite.tasks]
+        if asked is not None:
+            asked.extend(ids)
+        return Replies({"candidate": [[candidate[i]] for i in ids], "head": [[head[i]] for i in ids]})
 
     monkeypatch.setattr(evaluate, "sample_arms", sample)
 
@@ -136,6 +142,37 @@ def test_min_valid_pairs_is_capped_at_the_suite_size(tmp_path: Path, monkeypatch
     assert result.decision == "select" and result.prompts == 8, result.reason
     _stub(monkeypatch, ["right"] * 7 + ["?"], ["wrong"] * 8)
     assert _gate(suite)().reason.startswith("gate void: 7 of 8 pairs valid, 8 needed")
+
+
+@pytest.mark.model_free
+def test_a_clear_win_stops_the_gate_early_and_nothing_else_does(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = _suite(tmp_path, 48)
+    asked: list[int] = []
+    _stub(monkeypatch, ["right"] * 48, ["wrong"] * 48, asked)
+    result = _gate(suite)()  # 3 looks of 16 random tasks: 16 of 16 won is p = 3e-5, below 0.001
+    assert result.decision == "select" and result.stopped_early, result.reason
+    assert result.tasks_sampled == result.prompts == len(asked) == 16 and len(set(asked)) == 16
+    assert asked != list(range(16)), "a look samples a random part of the suite, not its first tasks"
+    assert "stopped early at look 1 of 3 (16 of 48 tasks): both statistics passed at 99.9%" in result.reason
+    assert result.per_prompt is not None and [o.messages[0]["content"] for o in result.per_prompt] == [
+        f"q{i}" for i in sorted(asked)]  # in suite order
+
+    # 14 tasks won and 2 lost (p = 0.004) pass at 95 % but no look's share of them at 99.9 % (that
+    # needs 11 of 11, or 13 of 14): the gate samples on, to the whole suite.
+    asked.clear()
+    _stub(monkeypatch, ["right"] * 14 + ["wrong"] * 34, ["wrong"] * 14 + ["right"] * 2 + ["wrong"] * 32, asked)
+    result = _gate(suite)()
+    assert result.decision == "select" and not result.stopped_early and result.tasks_sampled == 48, result.reason
+    assert sorted(asked) == list(range(48))
+    # A rejection takes the whole suite; one look samples it in suite order, as gates did before looks.
+    asked.clear()
+    _stub(monkeypatch, ["wrong"] * 48, ["right"] * 48, asked)
+    assert _gate(suite)().decision == "reject" and sorted(asked) == list(range(48))
+    asked.clear()
+    _stub(monkeypatch, ["right"] * 48, ["wrong"] * 48, asked)
+    one = _gate(suite, looks=1)()
+    assert one.decision == "select" and not one.stopped_early and asked == list(range(48))
 
 
 @pytest.mark.model_free

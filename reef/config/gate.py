@@ -44,6 +44,11 @@ class GateSettings(BaseModel):
                                  "suite's size): a task the engine faulted on, or whose replies the reward could not "
                                  "score in an arm, is not one; fewer: the decision is void, not reject")
     request_timeout_s: float = Field(default=600.0, gt=0, description="past it, an engine request has faulted")
+    looks: int = Field(default=3, ge=1, description="the gate samples the suite in this many parts of a seeded "
+                       "random order and judges after each; before the last, a candidate is selected early when "
+                       "both statistics pass at early_confidence (reef.gate.looks); 1: one look at every task")
+    early_confidence: float = Field(default=0.999, gt=0, lt=1, description="what an early selection needs, in "
+                                    "place of confidence (Haybittle-Peto: strict, so the last look keeps confidence)")
 
 
 def move_keys(source: dict[str, Any], target: Any, moves: Mapping[str, str], old: str, new: str) -> dict[str, Any]:

@@ -33,7 +33,8 @@ from pathlib import Path
 from reef.config import GateSettings
 from reef.gate.arms import HarnessArms, Weights, engine_holds_base, first_head, folder_arms, registered_arms
 from reef.gate.faults import GateFaultError, fault_of
-from reef.gate.sample import sample_arms
+from reef.gate.looks import merge, part, plan_looks
+from reef.gate.sample import Replies, sample_arms
 from reef.gate.scoring import score_replies, suite_for
 from reef.gate.stats import Verdict, judge
 from reef.registry.artifacts import ArtifactStore
@@ -73,25 +74,29 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     started = time.monotonic()
     # Greedy replies to one prompt are all the same (and vLLM refuses n > 1 without sampling).
     samples = 1 if suite.temperature == 0 else config.samples or suite.samples
-    run = sample_arms(candidate, head, suite, samples, config, engine=engine, data_dir=data_dir, progress=progress,
-                      harnesses=harnesses)
-    outputs, note = run.outputs, run.note
-    scored = {arm: score_replies(suite, outputs[arm]) for arm in outputs}
-    per_task = {arm: scored[arm].per_task for arm in scored}
-    unscored_per_task = {arm: scored[arm].unscored_per_task for arm in scored}
-    outcomes = [PromptOutcome(
-        messages=list(suite.prompts[i]), candidate_replies=outputs["candidate"][i], head_replies=outputs["head"][i],
-        candidate_score=per_task["candidate"][i], head_score=per_task["head"][i],
-        unscored=sum(unscored_per_task[arm][i] for arm in scored), fault=run.faults.get(i),
-    ) for i in range(len(suite.tasks))]
+    needed = min(config.min_valid_pairs, len(suite.tasks))
+    looks = plan_looks(len(suite.tasks), config.looks, suite.seed)
+    early = config.model_copy(update={"confidence": config.early_confidence})
+    parts: list[tuple[list[int], Replies]] = []
+    for k, indices in enumerate(looks):
+        start = sum(len(p) for p in looks[:k])
+        parts.append((indices, sample_arms(candidate, head, part(suite, indices, start), samples, config,
+                                           engine=engine, data_dir=data_dir, progress=progress, harnesses=harnesses)))
+        if k < len(looks) - 1:
+            sampled = sorted(i for indices, _ in parts for i in indices)
+            paired = _paired(_outcomes(suite, merge(len(suite.tasks), parts), sampled))
+            if len(paired) >= needed and judge(_diffs(paired), early).selected:
+                break
+    stopped_early = len(parts) < len(looks)
+    run = merge(len(suite.tasks), parts)
+    note = run.note
+    outcomes = _outcomes(suite, run, sorted(i for indices, _ in parts for i in indices))
     common = {"head_release_id": head_release_id, "samples_per_prompt": samples, "backend": run.backend,
-              "void_pairs": len(run.faults), "fault_retries": run.retries, "per_prompt": outcomes}
+              "void_pairs": len(run.faults), "fault_retries": run.retries, "per_prompt": outcomes,
+              "tasks_sampled": len(outcomes), "stopped_early": stopped_early}
     unscored = sum(o.unscored for o in outcomes)
-    # A pair counts once both arms have a scored reply: a faulted task has none, and neither has a
-    # task whose replies the reward could not score in one arm.
-    paired = [o for o in outcomes if o.candidate_score is not None and o.head_score is not None]
+    paired = _paired(outcomes)
     answered, valid = len(outcomes) - len(run.faults), len(paired)
-    needed = min(config.min_valid_pairs, len(outcomes))
     if valid < needed:
         left = (f"; {answered - valid} answered tasks unscored in an arm ({unscored} replies unscored)"
                 if answered > valid else "")
@@ -99,7 +104,7 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
                           f"{needed} needed ({_faults(run.faults)}{left}){note}", unscored=unscored,
                           seconds=round(time.monotonic() - started, 2), **common)
     n = len(paired)
-    verdict = judge([o.candidate_score - o.head_score for o in paired], config)  # type: ignore[operator]
+    verdict = judge(_diffs(paired), config)
     cand_success = sum(o.candidate_score for o in paired) / n  # type: ignore[misc]
     head_success = sum(o.head_score for o in paired) / n  # type: ignore[misc]
     left_out = f"; {unscored} replies unscored, {answered - n} tasks left out" if unscored else ""
@@ -109,6 +114,9 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
               f"{'lies' if verdict.interval_clears else 'does not lie'} above {config.min_delta:+.3f}; "
               f"sign test {verdict.wins}-{verdict.losses} p={verdict.sign_p:.3g}{_sign_says(verdict, config)}"
               f"{left_out}{void}{note}")
+    if stopped_early:
+        reason += (f"; stopped early at look {len(parts)} of {len(looks)} ({len(outcomes)} of {len(suite.tasks)} "
+                   f"tasks): both statistics passed at {config.early_confidence:.1%}")
     return GateResult(
         decision="select" if verdict.selected else "reject", reason=reason,
         candidate_success=round(cand_success, 4), head_success=round(head_success, 4),
@@ -119,6 +127,27 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
                if config.probe_tokens else None),
         seconds=round(time.monotonic() - started, 2), **common,
     )
+
+
+def _outcomes(suite: EvalSuite, run: Replies, sampled: list[int]) -> list[PromptOutcome]:
+    """Each sampled task's replies, scores and fault, in suite order."""
+    outputs = {arm: [run.outputs[arm][i] for i in sampled] for arm in run.outputs}
+    scored = {arm: score_replies(part(suite, sampled, 0), outputs[arm]) for arm in outputs}
+    return [PromptOutcome(
+        messages=list(suite.prompts[i]), candidate_replies=outputs["candidate"][j], head_replies=outputs["head"][j],
+        candidate_score=scored["candidate"].per_task[j], head_score=scored["head"].per_task[j],
+        unscored=sum(scored[arm].unscored_per_task[j] for arm in scored), fault=run.faults.get(i),
+    ) for j, i in enumerate(sampled)]
+
+
+def _paired(outcomes: list[PromptOutcome]) -> list[PromptOutcome]:
+    """The valid pairs: a pair counts once both arms have a scored reply (a faulted task has none,
+    and neither has a task whose replies the reward could not score in one arm)."""
+    return [o for o in outcomes if o.candidate_score is not None and o.head_score is not None]
+
+
+def _diffs(paired: list[PromptOutcome]) -> list[float]:
+    return [o.candidate_score - o.head_score for o in paired]  # type: ignore[operator]
 
 
 def _sign_says(verdict: Verdict, config: GateSettings) -> str:

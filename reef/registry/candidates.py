@@ -119,6 +119,10 @@ class GateResult(BaseModel):
     probe: Probe | None = None
     evaluated_at: datetime = Field(default_factory=utcnow)
     seconds: float | None = None
+    tasks_sampled: int | None = Field(default=None, description="eval tasks sampled: fewer than the suite's when "
+                                      "the gate stopped early at a look (gate.looks)")
+    stopped_early: bool = Field(default=False, description="selected at a look before the last, at "
+                                "gate.early_confidence")
     per_prompt: list[PromptOutcome] | None = None
 
     def summary(self) -> dict[str, Any]:

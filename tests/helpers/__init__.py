@@ -17,3 +17,9 @@ def wait_for(condition: Callable[[], object], timeout: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def gated_tasks(metrics: dict, suite_size: int) -> int:
+    """The tasks a gate's metrics must have judged: the whole suite, unless it selected early at a
+    look (gate.looks), then the tasks it had sampled."""
+    return metrics["tasks_sampled"] if metrics.get("stopped_early") else suite_size
