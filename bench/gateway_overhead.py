@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -62,6 +63,7 @@ from rich.text import Text
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import stream_stand_in  # noqa: E402
 from bench.results import add_flag, publish  # noqa: E402
 from reef.config import ServeConfig  # noqa: E402
 from reef.engine.supervisor import EngineSupervisor, free_port  # noqa: E402
@@ -310,6 +312,39 @@ def _stand_in_cpu(response: bytes, rounds: int, clients: int, tokens: int,
 STAND_IN = {"wrk": "stand-in, wrk", "httpx": "stand-in, httpx"}
 
 
+def _stream_stand_in(args: argparse.Namespace, events: list[bytes]) -> dict[str, dict[str, float | list[float]]]:
+    """The stream rows against a stand-in upstream, beside a bare relay's (bench/stream_stand_in.py)."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="reef-bench-"))
+
+    def gateway(upstream: str) -> tuple[str, psutil.Process, Callable[[], None]]:
+        gw = ServeProcess(work / "gateway", ["--upstream-url", upstream], env={"REEF_SERVED_MODEL_NAME": MODEL_NAME})
+        gw.start()
+        assert gw.process is not None
+
+        def stop() -> None:
+            gw.stop()
+
+        return gw.url, psutil.Process(gw.process.pid), stop
+
+    def load(url: str, dialect: str) -> int:
+        return len(asyncio.run(_batch(url, args.clients, args.requests_per_client, True, args.tokens, dialect))[1])
+
+    dialects = args.dialects.split(",")
+    per_round = stream_stand_in.stream_cpu(events, args.rounds, dialects,
+                                           gateway, load, _cpu_s, free_port, console.print)
+    return stream_stand_in.stream_rows(per_round)
+
+
+def _stream_modes(rows: dict[str, dict[str, float | list[float]]]) -> dict[str, dict[str, float | list[float]]]:
+    """The stand-in stream rows by dialect, named as results rows."""
+    return {f"{'' if d == 'chat' else d + ' '}{STREAM_STAND_IN}": row for d, row in rows.items()}
+
+
+STREAM_STAND_IN = "stream, stand-in"
+
+
 def _loads() -> list[str]:
     if shutil.which("wrk"):
         return ["wrk", "httpx"]
@@ -492,6 +527,10 @@ def main() -> int:
         for load in _loads():
             results[STAND_IN[load]] = _stand_in_results(_stand_in_cpu(recorded, args.rounds, args.clients,
                                                                       args.tokens, load, args.baseline))
+        by_dialect = _stream_stand_in(args, stream_stand_in.recorded_stream(
+            vllm_url, _request_body(args.tokens, stream=True, capture=True)))
+        stream_rows = _stream_modes(by_dialect)
+        results |= stream_rows
         idle_cpu = _idle_cpu_ms_per_s(proc)
         rows, round_loads = _vllm_rounds(args, vllm_url, gw.url, proc, idle_cpu)
         results |= rows
@@ -516,11 +555,12 @@ def main() -> int:
                       f"{args.rounds} rounds [q1, q3]")
     for col in ("mode", "CPU ms / request", "min - max", "net of idle", "x chat (same rounds)", "target", "met"):
         cpu.add_column(col, justify="right")
-    for mode in [*(m for m in STAND_IN.values() if m in results), *modes]:
+    for mode in [*(m for m in STAND_IN.values() if m in results), *stream_rows, *modes]:
         r = results[mode]
         per_round = r["gateway_cpu_ms_per_request_rounds"]
         assert isinstance(per_round, list)
-        where = mode.replace("stand-in", "json, stand-in upstream") if mode in STAND_IN.values() else f"{mode}, vLLM"
+        where = (mode.replace("stand-in", "json, stand-in upstream") if mode in STAND_IN.values()
+                 else f"{mode} upstream" if mode in stream_rows else f"{mode}, vLLM")
         ms, vs_chat = float(r["gateway_cpu_ms_per_request"]), r.get("cpu_vs_chat")  # type: ignore[arg-type]
         if "stream" in mode:
             target, met = "<= 2 ms", ms <= 2.0
@@ -542,6 +582,8 @@ def main() -> int:
                      f"{floor['reef_added_cpu_ms_per_request']:.2f} ms above it")
         console.print(lines[-1])
         lines += _print_baseline(mode, floor)
+    lines.append(stream_stand_in.describe(by_dialect, args.tokens))
+    console.print(lines[-1])
     lines.append(f"gateway idle: {idle_cpu:.2f} ms CPU per second (uvicorn's 0.1 s tick; 'net of idle' takes it "
                  f"out of each round); machine: {os.cpu_count()} cores, load average (1 min) "
                  f"{load_before[0]:.1f} before, {statistics.median(round_loads):.1f} median over the rounds, "
@@ -597,6 +639,11 @@ def _stand_in_only(args: argparse.Namespace) -> int:
                      f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         console.print(lines[-1])
         lines += _print_baseline(STAND_IN[load], r)
+    rows = _stream_stand_in(args, stream_stand_in.fixture_stream(args.tokens))
+    out |= _stream_modes(rows)
+    lines.append(stream_stand_in.describe(rows, args.tokens) + "; gateway CPU per stream " + ", ".join(
+        f"{d} {r['gateway_cpu_ms_per_request']:.2f} ms" for d, r in rows.items()) + " (target <= 2 ms)")
+    console.print(lines[-1])
     publish(args, "gateway_overhead_stand_in", "\n".join(f"- {Text.from_markup(line).plain}" for line in lines))
     path = args.out.with_stem(args.out.stem + "_stand_in")
     path.parent.mkdir(parents=True, exist_ok=True)
