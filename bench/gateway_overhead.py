@@ -552,7 +552,7 @@ def main() -> int:
     modes = [m for m, _, _ in _modes(args.dialects.split(","))]
 
     cpu = Table(title=f"gateway CPU per request (its process's user + system time / requests), median of "
-                      f"{args.rounds} rounds [q1, q3]")
+                      f"{args.rounds} rounds \\[q1, q3]")
     for col in ("mode", "CPU ms / request", "min - max", "net of idle", "x chat (same rounds)", "target", "met"):
         cpu.add_column(col, justify="right")
     for mode in [*(m for m in STAND_IN.values() if m in results), *stream_rows, *modes]:
@@ -594,7 +594,7 @@ def main() -> int:
         console.print(lines[-1])
     table = Table(title=f"gateway overhead: {args.clients} clients x {args.tokens} tokens, "
                         f"median of {args.rounds} alternating rounds (direct: chat completions straight to vLLM)")
-    columns = ["mode", "direct tok/s", "gateway tok/s", "ratio (>= 0.9) [q1, q3]"]
+    columns = ["mode", "direct tok/s", "gateway tok/s", "ratio (>= 0.9) \\[q1, q3]"]
     if args.capture_arm:
         columns += ["direct+capture tok/s", "ratio to it"]
     for col in (*columns, "added p50 ms", "added p99 ms"):
