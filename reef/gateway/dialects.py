@@ -18,11 +18,12 @@ from typing import Any, Protocol
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from reef.experience.wal import WalError
 from reef.gateway import auth
 from reef.gateway.exchange import ChunkStream, Refused, Served, exchange
+from reef.gateway.sse import EventStream, Last
 from reef.gateway.state import GatewayState
 from reef.gateway.wire import headers as h
 from reef.gateway.wire.completion import UpstreamResponse
@@ -109,10 +110,8 @@ def render(d: Dialect, req: Any, served: Served) -> Response:
     """The exchange's result in the dialect: its JSON body, or its SSE events."""
     headers = _headers(served)
     if served.chunks is not None:
-        return StreamingResponse(_events(d.stream(req, served.record_id, served.model), served.chunks,
-                                         served.record_id),
-                                 media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
+        return EventStream(_events(d.stream(req, served.record_id, served.model), served.chunks, served.record_id),
+                           {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
     assert served.completion is not None
     body = d.from_chat(served.completion.response, req, served.record_id, served.model)
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
@@ -137,6 +136,6 @@ async def _events(out: StreamTranslator, chunks: ChunkStream, record_id: str | N
             if events:
                 yield b"".join(events)
         if record_id is not None or not failed:
-            yield b"".join(out.finish(record_id))
+            yield Last(b"".join(out.finish(record_id)))
     finally:
         await chunks.aclose()

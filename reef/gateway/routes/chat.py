@@ -11,10 +11,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from reef.gateway import auth
 from reef.gateway.exchange import ChunkStream, Refused, Served, exchange
+from reef.gateway.sse import EventStream, Last
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire import headers as h
 from reef.gateway.wire.completion import for_client
@@ -99,8 +100,7 @@ async def serve_chat(st: GatewayState, request: Request) -> Response:
         headers = {h.ERROR_SOURCE: "upstream"} if exc.captured else {h.ERROR_SOURCE: "upstream", h.CAPTURED: "false"}
         return Response(exc.body, status_code=exc.status, media_type="application/json", headers=headers)
     if served.chunks is not None:
-        return StreamingResponse(_events(served, served.chunks), media_type="text/event-stream",
-                                 headers=_stream_headers(served))
+        return EventStream(_events(served, served.chunks), _stream_headers(served))
     assert served.completion is not None
     release = (_RELEASE_ID, served.release_id.encode("latin-1"))
     if served.record_id is None:
@@ -135,8 +135,8 @@ async def _events(served: Served, chunks: ChunkStream) -> AsyncIterator[bytes]:
             if out:
                 yield b"".join(out)
         if served.record_id is None:
-            yield _DONE
+            yield Last(_DONE)
         else:
-            yield _receipt(served.record_id, chunks.completion_id, model) + _DONE
+            yield Last(_receipt(served.record_id, chunks.completion_id, model) + _DONE)
     finally:
         await chunks.aclose()
