@@ -67,16 +67,20 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
 	touch $@
 
-# The Codex CLI and Claude Code (npm), pinned, in project-local folders like Pi: tests/test_agent_clis.py
-# runs them against `reef serve` (Codex on the Responses API, Claude Code on Anthropic's Messages API).
+# The Codex CLI, Claude Code and OpenCode (npm), pinned, in project-local folders like Pi:
+# tests/test_agent_clis.py runs them against `reef serve` (Codex on the Responses API, Claude Code on
+# Anthropic's Messages API, OpenCode on chat completions).
 CODEX_VERSION := 0.171.0
 CODEX_DIR := .codex-cli
 CLAUDE_VERSION := 2.1.332
 CLAUDE_DIR := .claude-code
-.PHONY: codex claude-code agents
+OPENCODE_VERSION := 1.18.33
+OPENCODE_DIR := .opencode-cli
+.PHONY: codex claude-code opencode agents
 codex: $(CODEX_DIR)/.installed-$(CODEX_VERSION)
 claude-code: $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION)
-agents: pi codex claude-code
+opencode: $(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION)
+agents: pi codex claude-code opencode
 
 $(CODEX_DIR)/.installed-$(CODEX_VERSION): | debs
 	npm install --prefix $(CODEX_DIR) --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
@@ -84,6 +88,10 @@ $(CODEX_DIR)/.installed-$(CODEX_VERSION): | debs
 
 $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
 	npm install --prefix $(CLAUDE_DIR) --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@$(CLAUDE_VERSION)
+	touch $@
+
+$(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION): | debs
+	npm install --prefix $(OPENCODE_DIR) --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
 	touch $@
 
 # Two workers, one test file each at a time (`--dist loadfile`: a file's tests share its module
