@@ -55,7 +55,7 @@ debs:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; fi
 chromium: debs
 
-# The Pi coding agent (npm), pinned, in a project-local folder: tests/test_pi.py runs it against
+# The Pi coding agent (npm), pinned, in a project-local folder: tests/test_agent_clis.py runs it against
 # `reef serve`.
 PI_VERSION := 0.73.1
 PI_DIR := .pi-agent
