@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from reef.cli.common import DEFAULT_URL, UsageError, request
-from reef.gateway.connect import AGENTS, ConnectError, connect, undo
 from reef.registry.schema import SCENARIO_RE
 
 COMMANDS = ("connect",)
@@ -18,7 +17,7 @@ DEFAULT_CONTEXT = 4096  # when the server does not say (an upstream without max_
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("connect", help="point an agent's own config at a running reef serve (--undo: put it back)")
-    p.add_argument("agent", help=" | ".join(AGENTS))
+    p.add_argument("agent", help="claude-code | codex | opencode | pi")
     p.add_argument("--undo", action="store_true", help="restore the agent's config as it was before reef connect")
     p.add_argument("--url", default=DEFAULT_URL, help="the running reef serve")
     p.add_argument("--scenario", default="default", help="the scenario the agent's calls are recorded in")
@@ -35,6 +34,9 @@ def _served(url: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the other commands of `reef` load no module of the gateway (tests/test_layers.py).
+    from reef.gateway.connect import AGENTS, ConnectError, connect, undo
+
     home = Path.home()
     try:
         if args.agent not in AGENTS:
