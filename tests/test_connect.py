@@ -118,3 +118,26 @@ def test_without_a_model_it_asks_the_server(tmp_path: Path) -> None:
     done = reef(tmp_path, "connect", "pi", "--url", "http://127.0.0.1:9")  # nothing listens on port 9
     assert done.returncode == 1 and "cannot reach" in done.stderr
     assert not (tmp_path / ".pi").exists()
+
+
+def test_the_opencode_install_script_writes_its_config_and_wrapper(tmp_path: Path) -> None:
+    """`?adapter=opencode`: Reef's own folder and a wrapper that points OpenCode at it, one session per run."""
+    from reef.gateway.install_agents import opencode_script
+
+    fake = tmp_path / "opencode"  # stands in for the agent: prints what the wrapper hands it
+    fake.write_text('#!/bin/sh\necho "$OPENCODE_CONFIG $REEF_SESSION $*"\n')
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": os.environ["PATH"], "REEF_OPENCODE": str(fake)}
+    script = opencode_script(URL, "coding", "smollm2-135m-instruct", 8192)
+    done = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((home / ".reef" / "opencode" / "config" / "opencode.json").read_text())
+    assert config["provider"]["reef"]["options"]["headers"] == {"x-reef-scenario": "coding",
+                                                               "x-reef-session": "{env:REEF_SESSION}"}
+    ran = subprocess.run([str(home / ".local" / "bin" / "reef-opencode"), "run", "hi"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    config_path, session, args = ran.stdout.split(" ", 2)
+    assert config_path == str(home / ".reef" / "opencode" / "config" / "opencode.json")
+    assert session.startswith("opencode-") and args.strip() == "run hi"
