@@ -38,7 +38,7 @@ router = APIRouter()
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"
 DEFAULT_CONTEXT = 4096  # when neither serve.yaml nor a local model config says
-ADAPTERS = ("claude-code", "codex", "openai", "opencode", "pi")
+ADAPTERS = ("claude-code", "codex", "opencode", "openai", "pi")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,255}$")
 # Where each harness file goes in Pi's agent folder; other files are kept under reef-harness/.
 _PI_PLACES = {"system.md": "SYSTEM.md", "rules.md": "AGENTS.md"}
