@@ -104,6 +104,8 @@ def test_the_agents_own_variables_say_where_the_config_goes(tmp_path: Path) -> N
 def test_a_bad_agent_or_nothing_to_undo_is_exit_2(tmp_path: Path) -> None:
     done = reef(tmp_path, "connect", "cursor", "--model", "m", "--context", "4096")
     assert done.returncode == 2 and "unknown agent 'cursor'" in done.stderr and "opencode" in done.stderr
+    done = reef(tmp_path, "connect", "codex", "--model", "m", "--context", "0")
+    assert done.returncode == 2 and "--context" in done.stderr
     done = reef(tmp_path, "connect", "codex", "--undo")
     assert done.returncode == 2 and "codex is not connected" in done.stderr
     # A JSON config that does not parse is left alone, not overwritten.

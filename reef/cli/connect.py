@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if not SCENARIO_RE.fullmatch(args.scenario):
             raise UsageError(f"--scenario must match {SCENARIO_RE.pattern}")
+        if args.context is not None and args.context < 256:
+            raise UsageError("--context must be at least 256 tokens")
         url = args.url.rstrip("/")
         model, context = (args.model, args.context) if args.model and args.context else _served(url)
         model, context = args.model or model, args.context or context
