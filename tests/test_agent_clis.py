@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,22 +216,25 @@ def test_opencode_run_through_chat_completions(server: ServeProcess, tmp_path: P
 
 
 def test_pi_with_default_tools(server: ServeProcess, tmp_path: Path, record_property: pytest.RecordProperty) -> None:
-    """Pi as it comes (its ~2.3 KB system prompt, four tools), one-shot, bounded by the turn cap of
-    the extension `reef-pi` installs (Pi never stops while a model keeps calling tools), offline,
-    retries off: each model response's receipt (status, record id) is written by that extension."""
+    """Pi as it comes (its ~2.3 KB system prompt, four tools), set up by `reef connect pi` (which asks
+    the running server for its model and window), one-shot, bounded by the turn cap of the extension
+    `reef-pi` installs (Pi never stops while a model keeps calling tools), offline, retries off:
+    each model response's receipt (status, record id) is written by that extension."""
     pi = installed("pi", PI, PI_VERSION)
     home, work = workspace(tmp_path)
     agent, receipts = home / "agent", home / "responses.jsonl"
-    agent.mkdir()
+    connect = [sys.executable, "-m", "reef.cli", "connect", "pi", "--url", server.url, "--scenario", "pi"]
+    env = {"HOME": str(home), "PI_CODING_AGENT_DIR": str(agent)}
+    assert run(connect, work, env, limit_s=60).returncode == 0
+    models = json.loads((agent / "models.json").read_text())
+    assert models == pi_models(server.url, "pi", MODEL, CONTEXT, session_header=False)  # the server's model, window
     (home / "receipts.ts").write_text(RECEIPTS_TS)
-    models = pi_models(server.url, "pi", MODEL, CONTEXT, session_header=False)
-    models["providers"]["reef"]["apiKey"] = "unused"
     models["providers"]["reef"]["models"][0]["maxTokens"] = OUTPUT_TOKENS
     (agent / "models.json").write_text(json.dumps(models))
-    # A 5xx must show, not be retried 4 x 3 times; compaction off (its reserve exceeds the window).
-    (agent / "settings.json").write_text(json.dumps({
-        "defaultProvider": "reef", "defaultModel": MODEL, "quietStartup": True,
-        "retry": {"enabled": False}, "compaction": {"enabled": False}}))
+    # A 5xx must show, not be retried 4 x 3 times; compaction is off already (its reserve exceeds the window).
+    settings = json.loads((agent / "settings.json").read_text())
+    assert settings["defaultModel"] == MODEL and settings["compaction"] == {"enabled": False}
+    (agent / "settings.json").write_text(json.dumps({**settings, "retry": {"enabled": False}}))
     done = run([str(pi), "--provider", "reef", "--model", MODEL, "--no-session", "--no-context-files",
                 "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
                 "-e", str(home / "receipts.ts"), "--mode", "json", "-p", "What is in notes.txt?"], work,
@@ -259,3 +263,5 @@ def test_pi_with_default_tools(server: ServeProcess, tmp_path: Path, record_prop
     assert set(report_session(server.url, "pi", session)) == {t["record_id"] for t in turns}
     ran = any(str(e.get("type", "")).startswith("tool_execution") for e in events)
     record_property("smollm2", tool_calls(turns, ran))
+    assert run([*connect, "--undo"], work, env, limit_s=60).returncode == 0
+    assert not (agent / "models.json").exists() and not (agent / "settings.json").exists()
