@@ -105,8 +105,8 @@ $(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION): | debs
 # them, and ranks the notebooks, which cannot carry markers).
 # On a slow machine the build can be the longer of the two, so the model-free tests run niced:
 # where their engines and servers want more than their core, the build keeps its own.
-# The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
-# browser and Pi tests, in the second phase, need them.
+# The Debian packages and the agents (`make agents`: Pi, Codex, Claude Code, OpenCode) install in the
+# background (log: test-artifacts/debs-pi.log): only the browser and agent tests, in the second phase, need them.
 # The notebooks `make test` executes are the copies in tests/notebooks/ (on the tests' tiny model), for time:
 # notebooks/ holds all four walkthroughs on the default model (01 took 225-581 s against its copy's 176-181 s
 # on 2 shared cores, issue 35); run those by hand with `.venv/bin/pytest --nbmake notebooks`.
