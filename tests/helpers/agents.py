@@ -27,7 +27,8 @@ def installed(target: str, binary: Path, version: str) -> Path:
     """`make <target>` (a no-op once installed), then the binary's version; fails, never skips."""
     done = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"`make {target}` could not install it:\n{done.stdout}\n{done.stderr}"
-    shown = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    # A big binary (OpenCode's is ~180 MB) can take a minute to start on a loaded machine.
+    shown = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=180)
     assert version in shown.stdout + shown.stderr, shown
     return binary
 
