@@ -55,7 +55,7 @@ debs:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; fi
 chromium: debs
 
-# The Pi coding agent (npm), pinned, in a project-local folder: tests/test_pi.py runs it against
+# The Pi coding agent (npm), pinned, in a project-local folder: tests/test_agent_clis.py runs it against
 # `reef serve`.
 PI_VERSION := 0.73.1
 PI_DIR := .pi-agent
@@ -67,16 +67,20 @@ $(PI_DIR)/.installed-$(PI_VERSION): | debs
 	npm install --prefix $(PI_DIR) --no-audit --no-fund --loglevel=error @mariozechner/pi-coding-agent@$(PI_VERSION)
 	touch $@
 
-# The Codex CLI and Claude Code (npm), pinned, in project-local folders like Pi: tests/test_agent_clis.py
-# runs them against `reef serve` (Codex on the Responses API, Claude Code on Anthropic's Messages API).
+# The Codex CLI, Claude Code and OpenCode (npm), pinned, in project-local folders like Pi:
+# tests/test_agent_clis.py runs them against `reef serve` (Codex on the Responses API, Claude Code on
+# Anthropic's Messages API, OpenCode on chat completions).
 CODEX_VERSION := 0.171.0
 CODEX_DIR := .codex-cli
 CLAUDE_VERSION := 2.1.332
 CLAUDE_DIR := .claude-code
-.PHONY: codex claude-code agents
+OPENCODE_VERSION := 1.18.33
+OPENCODE_DIR := .opencode-cli
+.PHONY: codex claude-code opencode agents
 codex: $(CODEX_DIR)/.installed-$(CODEX_VERSION)
 claude-code: $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION)
-agents: pi codex claude-code
+opencode: $(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION)
+agents: pi codex claude-code opencode
 
 $(CODEX_DIR)/.installed-$(CODEX_VERSION): | debs
 	npm install --prefix $(CODEX_DIR) --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
@@ -84,6 +88,10 @@ $(CODEX_DIR)/.installed-$(CODEX_VERSION): | debs
 
 $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
 	npm install --prefix $(CLAUDE_DIR) --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@$(CLAUDE_VERSION)
+	touch $@
+
+$(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION): | debs
+	npm install --prefix $(OPENCODE_DIR) --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
 	touch $@
 
 # Two workers, one test file each at a time (`--dist loadfile`: a file's tests share its module
@@ -97,8 +105,8 @@ $(CLAUDE_DIR)/.installed-$(CLAUDE_VERSION): | debs
 # them, and ranks the notebooks, which cannot carry markers).
 # On a slow machine the build can be the longer of the two, so the model-free tests run niced:
 # where their engines and servers want more than their core, the build keeps its own.
-# The Debian packages and Pi install in the background (log: test-artifacts/debs-pi.log): only the
-# browser and Pi tests, in the second phase, need them.
+# The Debian packages and the agents (`make agents`: Pi, Codex, Claude Code, OpenCode) install in the
+# background (log: test-artifacts/debs-pi.log): only the browser and agent tests, in the second phase, need them.
 # The notebooks `make test` executes are the copies in tests/notebooks/ (on the tests' tiny model), for time:
 # notebooks/ holds all four walkthroughs on the default model (01 took 225-581 s against its copy's 176-181 s
 # on 2 shared cores, issue 35); run those by hand with `.venv/bin/pytest --nbmake notebooks`.

@@ -11,13 +11,13 @@ import os
 import sys
 from types import ModuleType
 
-from reef.cli import dashboard, experience, learn, model, releases, scenario, serve, traffic
+from reef.cli import connect, dashboard, experience, learn, model, releases, scenario, serve, traffic
 from reef.cli.common import DEFAULT_URL, UsageError
 from reef.config import ConfigError
 from reef.model.smollm2 import ModelBuildError
 
 # In `reef --help` order.
-GROUPS: tuple[ModuleType, ...] = (serve, model, experience, learn, traffic, scenario, dashboard, releases)
+GROUPS: tuple[ModuleType, ...] = (serve, model, experience, learn, traffic, scenario, dashboard, releases, connect)
 
 
 def parser() -> argparse.ArgumentParser:

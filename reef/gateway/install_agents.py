@@ -1,18 +1,25 @@
-"""The install scripts of `?adapter=codex` and `?adapter=claude-code` (`reef.gateway.routes.install`).
+"""The install scripts of `?adapter=codex`, `?adapter=claude-code` and `?adapter=opencode`
+(`reef.gateway.routes.install`), and the agents' config files they write (`reef connect` writes the
+same into the agents' own folders: `reef.gateway.connect`).
 
 Each is a POSIX shell script that writes the agent's provider config into a folder of Reef's own
-(`$REEF_HOME`, default `~/.reef/codex` or `~/.reef/claude-code`), never into the agent's own
-config (`~/.codex`, `~/.claude`), and a wrapper (`reef-codex`, `reef-claude`) in `$REEF_BIN_DIR`
-(default `~/.local/bin`) that points the agent at that folder (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`).
-Undo: delete the folder and the wrapper. The agent itself is used from PATH (or `$REEF_CODEX`,
-`$REEF_CLAUDE`), else installed, pinned, from npm into the folder. No secret is written: a
-data-plane key is read from `$REEF_API_KEY` when the wrapper runs.
+(`$REEF_HOME`, default `~/.reef/codex`, `~/.reef/claude-code` or `~/.reef/opencode`), never into the
+agent's own config (`~/.codex`, `~/.claude`, `~/.config/opencode`), and a wrapper (`reef-codex`,
+`reef-claude`, `reef-opencode`) in `$REEF_BIN_DIR` (default `~/.local/bin`) that points the agent at
+that folder (`CODEX_HOME`, `CLAUDE_CONFIG_DIR`, `OPENCODE_CONFIG`). Undo: delete the folder and the
+wrapper. The agent itself is used from PATH (or `$REEF_CODEX`, `$REEF_CLAUDE`, `$REEF_OPENCODE`),
+else installed, pinned, from npm into the folder. No secret is written: a data-plane key is read
+from `$REEF_API_KEY` when the wrapper runs.
 
 - Codex: a `model_providers.reef` entry with `wire_api = "responses"`, the scenario in
   `http_headers`, the session and the key in `env_http_headers` (sent only when set), and the
   model's context window, so Codex's own budget matches the engine's.
 - Claude Code: `settings.json` with `ANTHROPIC_BASE_URL`, `ANTHROPIC_CUSTOM_HEADERS` (the scenario)
   and the served model for every model role Claude Code has, telemetry and updates off.
+- OpenCode: `opencode.json` with a `reef` provider on chat completions (`@ai-sdk/openai-compatible`),
+  the scenario (and, from the wrapper, the session) in its headers, the model's context and output
+  limits, updates and sharing off; below 32k tokens of context a short `build` prompt, and no title
+  requests (OpenCode's own prompt alone is ~7.7k tokens).
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ import shlex
 
 CODEX_PACKAGE, CODEX_VERSION = "@openai/codex", "0.171.0"
 CLAUDE_PACKAGE, CLAUDE_VERSION = "@anthropic-ai/claude-code", "2.1.332"
+OPENCODE_PACKAGE, OPENCODE_VERSION = "opencode-ai", "1.18.33"
+# What OpenCode's `build` agent gets below 32k tokens of context (its own prompt is ~7.7k tokens).
+OPENCODE_SHORT_PROMPT = "You are a coding agent. Use the tools to inspect and change files; answer briefly."
 
 
 def _toml(value: str) -> str:
@@ -76,6 +86,51 @@ def claude_settings(url: str, scenario: str, model: str, context: int) -> dict[s
     return {"env": env}
 
 
+def opencode_config(url: str, scenario: str, model: str, context: int, session_header: bool = False) -> dict:
+    """OpenCode's `opencode.json` for a Reef scenario. `session_header`: send `$REEF_SESSION` as the
+    session (the wrapper always sets it; an empty header would be refused, so a config used without
+    the wrapper leaves sessions to be stitched from the messages)."""
+    headers = {"x-reef-scenario": scenario}
+    if session_header:
+        headers["x-reef-session"] = "{env:REEF_SESSION}"
+    config: dict[str, object] = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"reef": {
+            "npm": "@ai-sdk/openai-compatible", "name": "Reef",
+            "options": {"baseURL": f"{url}/v1", "apiKey": "{env:REEF_API_KEY}", "headers": headers},
+            "models": {model: {"name": f"Reef {scenario}", "tool_call": True,
+                               "limit": {"context": context, "output": min(4096, max(64, context // 4))}}},
+        }},
+        "model": f"reef/{model}", "small_model": f"reef/{model}", "autoupdate": False, "share": "disabled",
+    }
+    if context < 32768:
+        config["agent"] = {"build": {"prompt": OPENCODE_SHORT_PROMPT}, "title": {"disable": True}}
+    return config
+
+
+def pi_models(url: str, scenario: str, model: str, context: int, session_header: bool = True) -> dict:
+    """Pi's `models.json` with a `reef` provider. Pi sends a header value that names a set environment
+    variable as that variable's value, else as it is: `reef-pi` always sets `REEF_SESSION`; a config
+    used without it (`reef connect pi`) sends no session header, and sessions are stitched."""
+    headers = {"x-reef-scenario": scenario}
+    if session_header:
+        headers["x-reef-session"] = "REEF_SESSION"
+    return {"providers": {"reef": {
+        "baseUrl": f"{url}/v1", "api": "openai-completions",
+        "apiKey": "REEF_API_KEY",  # Pi sends $REEF_API_KEY when set, else this literal text
+        "headers": headers,
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False, "maxTokensField": "max_tokens"},
+        "models": [{"id": model, "name": f"Reef {scenario}", "contextWindow": context,
+                    "maxTokens": min(4096, max(64, context // 4))}],
+    }}}
+
+
+def pi_settings(model: str, context: int) -> dict:
+    # Pi's default compaction reserve (16k tokens) is more than a small window holds.
+    return {"defaultProvider": "reef", "defaultModel": model, "quietStartup": True,
+            "compaction": {"enabled": context >= 32768}}
+
+
 def _script(name: str, folder: str, package: str, version: str, binary: str, override: str,
             files: dict[str, str], wrapper: str, url: str, scenario: str) -> str:
     writes = []
@@ -120,6 +175,8 @@ export ANTHROPIC_API_KEY="${REEF_API_KEY:-unused}"
 export REEF_SESSION="${REEF_SESSION:-claude-$(date +%s)-$$}"
 export ANTHROPIC_CUSTOM_HEADERS="x-reef-scenario: SCENARIO
 x-reef-session: $REEF_SESSION\"""",
+    "opencode": """export OPENCODE_CONFIG="$REEF_HOME/config/opencode.json"
+export REEF_SESSION="${REEF_SESSION:-opencode-$(date +%s)-$$}\"""",
 }
 
 
@@ -133,3 +190,10 @@ def claude_script(url: str, scenario: str, model: str, context: int) -> str:
     files = {"config/settings.json": json.dumps(claude_settings(url, scenario, model, context), indent=2)}
     return _script("Claude Code", "claude-code", CLAUDE_PACKAGE, CLAUDE_VERSION, "claude", "REEF_CLAUDE", files,
                    "reef-claude", url, scenario)
+
+
+def opencode_script(url: str, scenario: str, model: str, context: int) -> str:
+    config = opencode_config(url, scenario, model, context, session_header=True)
+    files = {"config/opencode.json": json.dumps(config, indent=2)}
+    return _script("OpenCode", "opencode", OPENCODE_PACKAGE, OPENCODE_VERSION, "opencode", "REEF_OPENCODE", files,
+                   "reef-opencode", url, scenario)

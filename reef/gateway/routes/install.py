@@ -1,6 +1,6 @@
-"""`GET /reef/harness/install?adapter=pi|codex|claude-code|openai&scenario=S`: set up an agent against this server.
+"""`GET /reef/harness/install?adapter=A&scenario=S`: set up an agent (`ADAPTERS`) against this server.
 
-`codex` and `claude-code` are described in `reef.gateway.install_agents`.
+`codex`, `claude-code` and `opencode` are described in `reef.gateway.install_agents`.
 
     curl -fsS 'http://127.0.0.1:8900/reef/harness/install?adapter=pi&scenario=support' | sh
 
@@ -27,7 +27,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from reef.gateway.harness import current_harness
-from reef.gateway.install_agents import claude_script, codex_script
+from reef.gateway.install_agents import claude_script, codex_script, opencode_script, pi_models, pi_settings
 from reef.gateway.state import get_state
 from reef.gateway.wire.contract import errors
 from reef.gateway.wire.errors import ReefError
@@ -38,7 +38,7 @@ router = APIRouter()
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"
 DEFAULT_CONTEXT = 4096  # when neither serve.yaml nor a local model config says
-ADAPTERS = ("claude-code", "codex", "openai", "pi")
+ADAPTERS = ("claude-code", "codex", "opencode", "openai", "pi")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,255}$")
 # Where each harness file goes in Pi's agent folder; other files are kept under reef-harness/.
 _PI_PLACES = {"system.md": "SYSTEM.md", "rules.md": "AGENTS.md"}
@@ -144,17 +144,8 @@ def _heredoc(target: str, text: str) -> str:
 
 def _pi_script(url: str, scenario: str, model: str, context: int, files: dict[str, str], release_id: str,
                install_url: str) -> str:
-    provider = {"providers": {"reef": {
-        "baseUrl": f"{url}/v1", "api": "openai-completions",
-        "apiKey": "REEF_API_KEY",  # Pi sends $REEF_API_KEY when set, else this literal text
-        "headers": {"x-reef-scenario": scenario, "x-reef-session": "REEF_SESSION"},
-        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False, "maxTokensField": "max_tokens"},
-        "models": [{"id": model, "name": f"Reef {scenario}", "contextWindow": context,
-                    "maxTokens": min(4096, max(64, context // 4))}],
-    }}}
-    # Pi's default compaction reserve (16k tokens) is more than a small window holds.
-    settings = {"defaultProvider": "reef", "defaultModel": model, "quietStartup": True,
-                "compaction": {"enabled": context >= 32768}}
+    provider = pi_models(url, scenario, model, context)
+    settings = pi_settings(model, context)
     conf = {"url": url, "scenario": scenario, "model": model, "install_url": install_url,
             "release_id": release_id}
     writes = []
@@ -231,7 +222,7 @@ def _context_window(config: Any) -> int:
 
 
 @router.get("/reef/harness/install", response_class=PlainTextResponse, responses=_json_errors(400, 422, 503))
-async def install(request: Request, adapter: str = Query(description="pi | codex | claude-code | openai",
+async def install(request: Request, adapter: str = Query(description="pi | codex | claude-code | opencode | openai",
                                                          json_schema_extra={"enum": list(ADAPTERS)}),
                   scenario: str = Query(default="default", pattern=SCENARIO_RE.pattern)) -> PlainTextResponse:
     if adapter not in ADAPTERS:
@@ -245,6 +236,8 @@ async def install(request: Request, adapter: str = Query(description="pi | codex
         return PlainTextResponse(codex_script(url, scenario, st.config.model_name, _context_window(st.config)))
     if adapter == "claude-code":
         return PlainTextResponse(claude_script(url, scenario, st.config.model_name, _context_window(st.config)))
+    if adapter == "opencode":
+        return PlainTextResponse(opencode_script(url, scenario, st.config.model_name, _context_window(st.config)))
     release_id, files = current_harness(st, scenario)
     install_url = f"{url}/reef/harness/install?adapter=pi&scenario={scenario}"
     script = _pi_script(url, scenario, st.config.model_name, _context_window(st.config), files, release_id,
