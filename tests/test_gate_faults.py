@@ -31,7 +31,7 @@ from reef.registry.candidates import TRANSITIONS, CandidateEvent, CandidateRegis
 from reef.registry.harness import Harness
 from reef.sampling.engine import EngineEndpoint, GateEngineError
 from reef.scenario import eval_suite, get_scenario
-from tests.helpers import MODEL_NAME
+from tests.helpers import MODEL_NAME, gated_tasks
 from tests.helpers.tiny import rules as demo
 
 pytestmark = [pytest.mark.model_free, pytest.mark.any_model]
@@ -284,7 +284,7 @@ def test_too_few_valid_pairs_void_the_gate_and_the_candidate_is_not_rejected(
     again = evaluate_candidate(data, view.candidate_id, config, engine=EngineEndpoint(vllm_url, MODEL_NAME),
                                progress=False)
     assert again.decision in ("select", "reject") and again.void_pairs == 0, again.reason
-    assert again.prompts == len(words)
+    assert again.prompts == gated_tasks(again.model_dump(), len(words))
     assert registry.get(view.candidate_id).status == ("selected" if again.decision == "select" else "rejected")
 
 

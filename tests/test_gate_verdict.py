@@ -84,11 +84,13 @@ def _stub(monkeypatch: pytest.MonkeyPatch, candidate: list[str], head: list[str]
           asked: list[int] | None = None) -> None:
     """Task `q<i>` gets `candidate[i]` and `head[i]`, whichever part of the suite a look samples;
     `asked` collects the tasks sampled."""
-    def sample(_candidate: object, _head: object, suite: EvalSuite, *args: object, **kwargs: object) -> Replies:
+    def sample(_candidate: object, _head: object, suite: EvalSuite, _samples: int, config: GateSettings,
+               **kwargs: object) -> Replies:
         ids = [int(t["messages"][0]["content"][1:]) for t in suite.tasks]
         if asked is not None:
             asked.extend(ids)
-        return Replies({"candidate": [[candidate[i]] for i in ids], "head": [[head[i]] for i in ids]})
+        probe = f"probe of q{ids[0]}" if config.probe_tokens else ""  # sampled on the part's first task
+        return Replies({"candidate": [[candidate[i]] for i in ids], "head": [[head[i]] for i in ids]}, probe)
 
     monkeypatch.setattr(evaluate, "sample_arms", sample)
 
@@ -155,6 +157,9 @@ def test_a_clear_win_stops_the_gate_early_and_nothing_else_does(tmp_path: Path,
     assert result.tasks_sampled == result.prompts == len(asked) == 16 and len(set(asked)) == 16
     assert asked != list(range(16)), "a look samples a random part of the suite, not its first tasks"
     assert "stopped early at look 1 of 3 (16 of 48 tasks): both statistics passed at 99.9%" in result.reason
+    # The probe (what a swap's canary must reproduce) is the suite's first task's, whatever the order.
+    assert result.probe is not None and result.probe.text == "probe of q0" and result.probe.messages == [
+        {"role": "user", "content": "q0"}]
     assert result.per_prompt is not None and [o.messages[0]["content"] for o in result.per_prompt] == [
         f"q{i}" for i in sorted(asked)]  # in suite order
 
@@ -164,7 +169,7 @@ def test_a_clear_win_stops_the_gate_early_and_nothing_else_does(tmp_path: Path,
     _stub(monkeypatch, ["right"] * 14 + ["wrong"] * 34, ["wrong"] * 14 + ["right"] * 2 + ["wrong"] * 32, asked)
     result = _gate(suite)()
     assert result.decision == "select" and not result.stopped_early and result.tasks_sampled == 48, result.reason
-    assert sorted(asked) == list(range(48))
+    assert sorted(asked) == list(range(48)) and result.probe is not None and result.probe.text == "probe of q0"
     # A rejection takes the whole suite; one look samples it in suite order, as gates did before looks.
     asked.clear()
     _stub(monkeypatch, ["wrong"] * 48, ["right"] * 48, asked)

@@ -56,7 +56,7 @@ class EngineConfig(_Strict):
 
     port: int | None = Field(default=None, description="private loopback port; free port if unset")
     max_model_len: int | None = Field(
-        default=None, description="vLLM --max-model-len; unset: the model's own (4096 for the embedded one)"
+        default=None, description="vLLM --max-model-len; unset: the model's own (8192 for the embedded one)"
     )
     dtype: str | None = Field(default=None, description="vLLM --dtype; unset: the checkpoint's own dtype")
     kv_cache_gib: int = Field(default=2, ge=1)

@@ -80,7 +80,9 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     parts: list[tuple[list[int], Replies]] = []
     for k, indices in enumerate(looks):
         start = sum(len(p) for p in looks[:k])
-        parts.append((indices, sample_arms(candidate, head, part(suite, indices, start), samples, config,
+        # The probe is the suite's first task's, which leads the first part (reef.gate.looks).
+        settings = config if k == 0 else config.model_copy(update={"probe_tokens": 0})
+        parts.append((indices, sample_arms(candidate, head, part(suite, indices, start), samples, settings,
                                            engine=engine, data_dir=data_dir, progress=progress, harnesses=harnesses)))
         if k < len(looks) - 1:
             sampled = sorted(i for indices, _ in parts for i in indices)

@@ -9,7 +9,9 @@ look keeps its nominal `confidence`, so a candidate the full suite would reject 
 selected early. Nothing is rejected early: a rejection takes the whole suite.
 
 A part's per-task seeds continue the whole order's (`seed + position`), so the engine samples the
-same replies however the order is cut.
+same replies however the order is cut. The suite's first task leads the order: the gate's probe
+(the candidate's greedy reply to it, which a swap's canary request must reproduce) is taken with the
+first part only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def plan_looks(tasks: int, looks: int, seed: int) -> list[list[int]]:
         return [list(range(tasks))]
     order = list(range(tasks))
     random.Random(seed).shuffle(order)
+    # The suite's first task leads the first part: the gate's probe is the candidate's greedy reply
+    # to it (what a swap's canary request must reproduce), and the first part samples it.
+    order.remove(0)
+    order.insert(0, 0)
     bounds = [round(tasks * k / looks) for k in range(looks + 1)]
     return [order[bounds[k]:bounds[k + 1]] for k in range(looks)]
 
@@ -42,7 +48,8 @@ def part(suite: EvalSuite, indices: Sequence[int], start: int) -> EvalSuite:
 
 def merge(total: int, parts: Sequence[tuple[Sequence[int], Replies]]) -> Replies:
     """The parts' replies as one run over the suite (`total` tasks, in suite order): a task no part
-    sampled has no replies in either arm; faults keyed by suite index; the last part's probe."""
+    sampled has no replies in either arm; faults keyed by suite index; the first part's probe (the
+    suite's first task's)."""
     merged = Replies({"candidate": [[] for _ in range(total)], "head": [[] for _ in range(total)]})
     notes: list[str] = []
     for indices, run in parts:
@@ -51,8 +58,10 @@ def merge(total: int, parts: Sequence[tuple[Sequence[int], Replies]]) -> Replies
                 merged.outputs[arm][i] = run.outputs[arm][j]
         merged.faults.update({indices[j]: fault for j, fault in run.faults.items()})
         merged.retries += run.retries
-        merged.backend, merged.probe = run.backend, run.probe
+        merged.backend = run.backend
+        merged.probe = merged.probe or run.probe
         if run.note and run.note not in notes:
             notes.append(run.note)
     merged.note = "".join(notes)
+    merged.faults = dict(sorted(merged.faults.items()))  # in suite order, as one look has them
     return merged
