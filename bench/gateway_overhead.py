@@ -144,18 +144,7 @@ def _stand_in(port: int, response: bytes) -> None:
         await request.read()
         return web.Response(body=response, content_type="application/json")
 
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
-                                                              "owned_by": "vllm"}]})
-
-    async def health(_: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None)
+    stream_stand_in.serve_upstream(port, chat, MODEL_NAME)
 
 
 def _recorded(vllm_url: str, tokens: int) -> bytes:

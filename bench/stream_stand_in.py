@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -54,9 +55,16 @@ def _stand_in(port: int, events: list[bytes]) -> None:
         await resp.write_eof()
         return resp
 
+    serve_upstream(port, chat, "reef-tiny")
+
+
+def serve_upstream(port: int, chat: Callable[..., Any], model: str) -> None:
+    """A stand-in vLLM on `port` (aiohttp): `chat` answers chat completions, `/v1/models` lists
+    `model`, `/health` answers."""
+    from aiohttp import web
+
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "reef-tiny", "object": "model",
-                                                              "owned_by": "vllm"}]})
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "vllm"}]})
 
     async def health(_: web.Request) -> web.Response:
         return web.Response()
