@@ -20,8 +20,9 @@ import psutil
 import pytest
 
 from reef.config import ServeConfig
+from reef.engine import supervisor
 from reef.engine.reaper import group_alive
-from reef.engine.supervisor import EngineSupervisor
+from reef.engine.supervisor import EngineSupervisor, free_port
 
 pytestmark = pytest.mark.model_free
 
@@ -159,3 +160,28 @@ def test_tcmalloc_is_preloaded_into_vllm_when_installed(tmp_path: Path, monkeypa
     monkeypatch.setenv("LD_PRELOAD", "/opt/mine.so")  # the user's own preload is kept
     kept = EngineSupervisor(ServeConfig(data_dir=tmp_path), tmp_path / "vllm.log").environment()
     assert kept["LD_PRELOAD"].endswith("/opt/mine.so")
+
+
+def test_the_engine_port_is_never_the_gateway_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A caller picks the gateway's port free and starts `reef serve` on it; until the gateway binds
+    # it, the kernel may hand the same port out again: the engine must not take it (it did, in CI).
+    handed = iter([41001, 41001, 41002])
+
+    class Picked:
+        def __enter__(self) -> Picked:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(handed)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(supervisor.socket, "socket", Picked)
+    assert free_port(avoid={41001}) == 41002
+    handed = iter([41001, 41003])
+    engine = EngineSupervisor(ServeConfig(port=41001), tmp_path / "vllm.log")
+    assert engine.port == 41003

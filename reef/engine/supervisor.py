@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +46,15 @@ class EngineError(RuntimeError):
     """vLLM could not be started or died."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A port nothing listens on now, other than `avoid`: ports picked but not bound yet (the
+    gateway's own, picked free by a caller that starts `reef serve` on it) look free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 def checkpoint_dtype(model: str) -> str:
@@ -87,7 +92,7 @@ class EngineSupervisor:
     def __init__(self, config: ServeConfig, log_path: Path):
         self.config = config
         self.log_path = log_path
-        self.port = config.engine.port or free_port()
+        self.port = config.engine.port or free_port(avoid={config.port})
         self.process: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None
         self.started_at: float | None = None
