@@ -16,6 +16,7 @@ from reef.config import GateSettings
 from reef.gate import evaluate
 from reef.gate.arms import Weights
 from reef.gate.evaluate import gate_weights
+from reef.gate.looks import plan_looks
 from reef.gate.sample import Replies
 from reef.gate.stats import judge, sign_test
 from reef.registry.candidates import GateResult
@@ -178,6 +179,11 @@ def test_a_clear_win_stops_the_gate_early_and_nothing_else_does(tmp_path: Path,
     _stub(monkeypatch, ["right"] * 48, ["wrong"] * 48, asked)
     one = _gate(suite, looks=1)()
     assert one.decision == "select" and not one.stopped_early and asked == list(range(48))
+    # A look holds at least min_valid_pairs tasks (fewer could never select): 48 tasks at 24 a
+    # verdict are two looks; at 32, one.
+    assert [len(p) for p in plan_looks(48, 3, 0, 24)] == [24, 24] and plan_looks(48, 3, 0, 32) == [list(range(48))]
+    asked.clear()
+    assert _gate(suite, min_valid_pairs=32)().tasks_sampled == 48 and asked == list(range(48))
 
 
 @pytest.mark.model_free

@@ -233,6 +233,7 @@ def _round_done(url: str) -> dict | None:
     return learner if done else None
 
 
+@pytest.mark.timeout(1500)  # its own deadlines: 900 s for the first round, then a wave and a round
 def test_smollm2_learns_the_tool_from_corrected_sessions(tmp_path: Path) -> None:
     """The example on the default model, live: SmolLM2 at first answers in prose, so the simulated
     reviewer replaces each missing call with the right one and corrects the wrong answers; the

@@ -75,7 +75,7 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     # Greedy replies to one prompt are all the same (and vLLM refuses n > 1 without sampling).
     samples = 1 if suite.temperature == 0 else config.samples or suite.samples
     needed = min(config.min_valid_pairs, len(suite.tasks))
-    looks = plan_looks(len(suite.tasks), config.looks, suite.seed)
+    looks = plan_looks(len(suite.tasks), config.looks, suite.seed, needed)
     early = config.model_copy(update={"confidence": config.early_confidence})
     parts: list[tuple[list[int], Replies]] = []
     for k, indices in enumerate(looks):
@@ -85,14 +85,14 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
         parts.append((indices, sample_arms(candidate, head, part(suite, indices, start), samples, settings,
                                            engine=engine, data_dir=data_dir, progress=progress, harnesses=harnesses)))
         if k < len(looks) - 1:
-            sampled = sorted(i for indices, _ in parts for i in indices)
+            sampled = sorted(i for ids, _ in parts for i in ids)
             paired = _paired(_outcomes(suite, merge(len(suite.tasks), parts), sampled))
             if len(paired) >= needed and judge(_diffs(paired), early).selected:
                 break
     stopped_early = len(parts) < len(looks)
     run = merge(len(suite.tasks), parts)
     note = run.note
-    outcomes = _outcomes(suite, run, sorted(i for indices, _ in parts for i in indices))
+    outcomes = _outcomes(suite, run, sorted(i for ids, _ in parts for i in ids))
     common = {"head_release_id": head_release_id, "samples_per_prompt": samples, "backend": run.backend,
               "void_pairs": len(run.faults), "fault_retries": run.retries, "per_prompt": outcomes,
               "tasks_sampled": len(outcomes), "stopped_early": stopped_early}

@@ -26,10 +26,12 @@ from reef.scenario import EvalSuite
 __all__ = ["merge", "part", "plan_looks"]
 
 
-def plan_looks(tasks: int, looks: int, seed: int) -> list[list[int]]:
-    """The suite's task indices in `looks` consecutive parts of a seeded random order (one part, in
-    suite order, when `looks` is 1 or the suite too small to cut)."""
-    if looks <= 1 or tasks < 2 * looks:
+def plan_looks(tasks: int, looks: int, seed: int, min_part: int = 1) -> list[list[int]]:
+    """The suite's task indices in `looks` consecutive parts of a seeded random order, each part at
+    least `min_part` tasks (the valid pairs a verdict needs: a look at fewer could never select, it
+    would only split the engine's batch); one part, in suite order, when that leaves one look."""
+    looks = min(looks, tasks // max(1, min_part), tasks // 2)
+    if looks <= 1:
         return [list(range(tasks))]
     order = list(range(tasks))
     random.Random(seed).shuffle(order)
