@@ -48,7 +48,8 @@ TOLERANCE = 0.02
 
 def train_adapter(work: Path) -> Path:
     record_offline_traffic(TINY, work / "traffic", "demo-add", prompts=32, samples=4, seed=1)
-    rft = load_recipe("rft", {"base_model": str(TINY), "kind": "lora", "max_steps": 20, "learning_rate": 5e-3})
+    rft = load_recipe("rft", {"scenario": demo.SCENARIO, "base_model": str(TINY), "kind": "lora", "max_steps": 20,
+                              "learning_rate": 5e-3})
     snap = Snapshot.create(demo.SCENARIO, work / "traffic", rft.experience(), root=work / "snapshots",
                            ledger_root=work / "ledger")
     return rft.run(snap, out_root=work / "candidate", progress=False, consume=False).path

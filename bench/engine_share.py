@@ -88,7 +88,7 @@ def rollouts(engine: EngineEndpoint, scenario: Scenario, max_tokens: int, second
     and over, for `seconds`: the rollouts finished, and the time requests were held back for users."""
     tasks, _ = practice_tasks(scenario)
     cycle = {k: tasks[k % len(tasks)] for k in range(100_000)}
-    defaults = ExploreConfig()
+    defaults = ExploreConfig(scenario=scenario.name)
     plan = RolloutPlan(samples=defaults.samples, temperature=1.0, max_tokens=max_tokens,
                        concurrency=defaults.concurrency, per_request=defaults.per_request, max_s=seconds)
     run = sample_rollouts(engine, Arm(served=engine.model), cycle, plan, lambda ts, replies: [None] * len(replies))

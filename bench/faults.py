@@ -268,8 +268,8 @@ def _selected_full_candidate(data: Path) -> tuple[str, dict]:
 
     traffic = data.parent / "traffic"
     record_offline_traffic(TINY, traffic, LEARN, prompts=64, samples=4, seed=1)
-    rft = load_recipe("rft", {"base_model": str(TINY), "per_device_batch_size": 16, "min_score": 1.0, "kind": "full",
-                              "max_steps": 30, "learning_rate": 5e-4})
+    rft = load_recipe("rft", {"scenario": LEARN, "base_model": str(TINY), "per_device_batch_size": 16,
+                              "min_score": 1.0, "kind": "full", "max_steps": 30, "learning_rate": 5e-4})
     snap = Snapshot.create(LEARN, traffic, rft.experience(), root=data.parent / "snapshots",
                            ledger_root=data.parent / "ledger")
     cand = rft.run(snap, out_root=data.parent / "candidates", progress=False, consume=False)

@@ -55,8 +55,8 @@ console = Console()
 
 def train_lora(work: Path) -> Path:
     record_offline_traffic(TINY, work / "traffic", demo.SCENARIO, prompts=64, samples=4, seed=1)
-    rft = load_recipe("rft", {"base_model": str(TINY), "kind": "lora", "max_steps": 30, "learning_rate": 5e-3,
-                              "per_device_batch_size": 16, "min_score": 1.0})
+    rft = load_recipe("rft", {"scenario": demo.SCENARIO, "base_model": str(TINY), "kind": "lora", "max_steps": 30,
+                              "learning_rate": 5e-3, "per_device_batch_size": 16, "min_score": 1.0})
     snap = Snapshot.create(demo.SCENARIO, work / "traffic", rft.experience(), root=work / "snapshots",
                            ledger_root=work / "ledger")
     return rft.run(snap, out_root=work / "candidates", progress=False, consume=False).path

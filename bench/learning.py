@@ -2,7 +2,7 @@
 for it, side by side: base and best held-out success, how the rounds got there, and how long.
 
     .venv/bin/python bench/learning.py [--examples sentiment,reviews,shop,orders] [--rounds 2] [--max-seconds 900]
-                                       [--users 16] [--wave 64]
+                                       [--users 16] [--wave 64] [--seeds 3] [--arms corrections,rewards]
 
 Each example (a folder of examples/ whose serve.yaml names no model, so the embedded default serves
 it) runs the way `make demo` runs one: `reef serve` with its learner on and policy `auto` in a
@@ -17,6 +17,10 @@ call and corrects a wrong answer (reef.traffic.simulate). The held-out figures a
 least 30 points (the cold start: the base earns almost no reward). Results: bench/out/learning.json
 and section `learning` of bench/RESULTS.md; a run of other examples than all four writes
 `learning_<names>` instead (e.g. `--examples shop`: `learning_shop`).
+`--seeds N` runs each example N times (seed s: the recipes' seed, the gate's and the eval replies'
+seeds, the users' draws) and adds a table over seeds: mean base and best held-out success with a
+95 % t-interval, minutes to the first release. `--arms corrections,rewards` runs each example with
+the users' corrections and with rewards only (no corrections: the learner explores), side by side.
 The engine-mechanics model's figures (demo-add, online_rl against TRL GRPO): bench/learning_tiny.py.
 """
 
@@ -30,12 +34,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
@@ -53,15 +59,17 @@ from reef.serve_process import ServeProcess  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 DEFAULT_EXAMPLES = "sentiment,reviews,shop,orders"
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)  # t quantiles, 1-10 df
 TARGETS = {"sentiment": 0.70, "reviews": 0.85, "shop": 0.50, "orders": 0.70}  # best held-out; base <= 30 % for all
 console = Console(file=sys.stdout, width=140)
 
 
-def run_example(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_example(name: str, work: Path, args: argparse.Namespace, seed: int = 0,
+                arm: str = "corrections") -> dict[str, Any]:
     """One example through the live loop; its rounds (from the learner's round log) and timings."""
     folder = REPO / "examples" / name
     work.mkdir(parents=True, exist_ok=True)
-    config_file = write_config(work, folder)
+    config_file = seeded(write_config(work, folder), seed)
     config, _ = resolve(config_file=config_file)
     scenario = next(s for s in config.scenarios.values())
     declared = get_scenario(scenario.name, config)
@@ -70,14 +78,31 @@ def run_example(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     if not args.attach:
         server.start()
     started_s = time.perf_counter() - t0
+    traffic_at = time.time()
     try:
         state = watch(args.attach or server.url, server.data_dir, declared, rounds=args.rounds,
-                      max_seconds=args.max_seconds, wave=args.wave, concurrency=args.users)
+                      max_seconds=args.max_seconds, wave=args.wave, concurrency=args.users,
+                      corrections=arm == "corrections", seed=1000 * seed)
     finally:
         server.stop()  # an attached server is left running: whoever started it stops it
-    return {**collected(declared.name, server.data_dir), "serve_start_s": started_s,
+    return {**collected(declared.name, server.data_dir), "seed": seed, "arm": arm, "serve_start_s": started_s,
+            "traffic_started_at": traffic_at,
             "elapsed_s": time.perf_counter() - t0, "held_out": state.held_out,
             "waves": [w.__dict__ for w in state.waves]}
+
+
+def seeded(config_file: Path, seed: int) -> Path:
+    """The example's serve.yaml with `seed` wherever the run draws: each recipe's training, the
+    gate's bootstrap and its eval replies."""
+    config = yaml.safe_load(config_file.read_text())
+    for recipe in (config.get("recipes") or {}).values():
+        recipe["params"] = {**(recipe.get("params") or {}), "seed": seed}
+    release = config.setdefault("release", {})
+    release["gate"] = {**(release.get("gate") or {}), "seed": seed}
+    for scenario in config["scenarios"].values():
+        scenario["eval"] = {**(scenario.get("eval") or {}), "seed": seed}
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    return config_file
 
 
 def collected(scenario: str, data_dir: Path) -> dict[str, Any]:
@@ -97,6 +122,49 @@ def collected(scenario: str, data_dir: Path) -> dict[str, Any]:
     return {"scenario": scenario, "rounds": rounds, "held_out": held_out, "live": live}
 
 
+def first_release_s(res: dict[str, Any]) -> float | None:
+    """Seconds from the first chat (or, for a collected run, the first round's start) to the first release."""
+    rounds = [r for r in res["rounds"] if r.get("release")]
+    if not rounds:
+        return None
+    start = res.get("traffic_started_at") or res["rounds"][0]["started_at"]
+    return float(rounds[0]["started_at"] + rounds[0]["seconds"] - start)
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95 % t-interval (the interval is the mean itself for one value)."""
+    n, mean = len(values), statistics.fmean(values)
+    if n < 2:
+        return mean, mean, mean
+    half = T975[min(n - 1, len(T975)) - 1] * statistics.stdev(values) / n ** 0.5
+    return mean, mean - half, mean + half
+
+
+def over_seeds(results: list[dict[str, Any]]) -> Table:
+    """Per scenario and arm, across seeds: base and best held-out success, the gain, the first release."""
+    table = Table(title="over seeds: mean held-out success (the gate's) with a 95 % t-interval")
+    for col in ("scenario", "arm", "seeds", "base", "best", "gain (points)", "first release, min (range)"):
+        table.add_column(col, justify="left" if col in ("scenario", "arm") else "right")
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for res in results:
+        groups.setdefault((res["scenario"], res.get("arm", "corrections")), []).append(res)
+    for (scenario, arm), runs in groups.items():
+        held = [list(r["held_out"].values()) for r in runs if r["held_out"]]
+        bases, bests = [h[0] for h in held], [max(h) for h in held]
+        firsts = [s / 60 for s in map(first_release_s, runs) if s is not None]
+
+        def cell(values: list[float], floor: float = 0.0) -> str:  # a success rate's interval stays in [0, 100]
+            if not values:
+                return "-"
+            mean, low, high = t_interval([100 * v for v in values])
+            return f"{mean:.1f} [{max(low, floor):.1f}, {min(high, 100.0):.1f}]" if len(values) > 1 else f"{mean:.1f}"
+        table.add_row(scenario, arm, str(len(runs)), cell(bases) + " %", cell(bests) + " %",
+                      cell([b - a for a, b in zip(bases, bests, strict=True)], floor=-100.0),
+                      (f"{statistics.fmean(firsts):.1f} ({min(firsts):.1f}-{max(firsts):.1f}); "
+                       f"{len(firsts)} of {len(runs)} released") if firsts else f"none of {len(runs)} released")
+    return table
+
+
 def _fmt(value: float | None, spec: str = "{:.1%}") -> str:
     return "-" if value is None else spec.format(value)
 
@@ -108,11 +176,11 @@ def report(results: list[dict[str, Any]]) -> list[Table | Text]:
         side.add_column(col, justify="left" if col == "scenario" else "right")
     ok_all = True
     for res in results:
-        detail = Table(title=f"{res['scenario']}: each round")
+        run = f" ({res.get('arm', 'corrections')}, seed {res.get('seed', 0)})" if len(results) > 1 else ""
+        detail = Table(title=f"{res['scenario']}{run}: each round")
         for col in ("round", "records", "learned from", "train s", "round s", "gate", "head held-out",
                     "candidate held-out", "released"):
             detail.add_column(col, justify="right")
-        first_release_at = None
         idle = [r for r in res["rounds"] if r.get("status") == "nothing_new"]
         for i, r in enumerate((r for r in res["rounds"] if r not in idle), 1):
             gate, metrics = r.get("gate") or {}, r.get("metrics") or {}
@@ -124,8 +192,6 @@ def report(results: list[dict[str, Any]]) -> list[Table | Text]:
                            _fmt(metrics.get("train_runtime"), "{:.0f}"), _fmt(r.get("seconds"), "{:.0f}"),
                            str(gate.get("decision") or r.get("status")), _fmt(gate.get("head_success")),
                            _fmt(gate.get("candidate_success")), r.get("release") or "-")
-            if r.get("release") and first_release_at is None:
-                first_release_at = r["started_at"] + r["seconds"]
         parts.append(detail)
         if idle:
             parts.append(Text(f"{res['scenario']}: {len(idle)} more rounds found nothing new to learn from "
@@ -145,15 +211,18 @@ def report(results: list[dict[str, Any]]) -> list[Table | Text]:
         target = TARGETS.get(res["scenario"], 0.0)
         ok = base is not None and best is not None and base <= 0.30 and best - base >= 0.30 and best >= target
         ok_all &= ok
-        since = (f"{first_release_at - res['rounds'][0]['started_at']:.0f} s (from the first round's start)"
-                 if first_release_at is not None else "-")
-        side.add_row(res["scenario"], "-" if base is None else f"{base:.1%}",
+        first_s = first_release_s(res)
+        since = "-" if first_s is None else (f"{first_s:.0f} s" + ("" if res.get("traffic_started_at")
+                                                                   else " (from the first round's start)"))
+        side.add_row(res["scenario"] + run, "-" if base is None else f"{base:.1%}",
                      "-" if best is None else f"{best:.1%} ({best_name})",
                      "-" if base is None or best is None else f"{100 * (best - base):+.0f} points",
                      f"{trained} ({released})", since,
                      ("[green]ok[/green]" if ok else "[red]MISSED[/red]")
                      + f" base <= 30 %, +30 points{f', >= {target:.0%}' if target else ''}")
     parts.insert(0, side)
+    if len({(r.get("arm"), r.get("seed")) for r in results}) > 1:
+        parts.insert(1, over_seeds(results))
     verdict = Text.from_markup(f"targets: {'[green]ok[/green]' if ok_all else '[red]MISSED[/red]'}; "
                                + ("figures collected from the data of a stopped run (--collect)"
                                   if any(r.get("collected") for r in results) else
@@ -171,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=900, help="per example")
     parser.add_argument("--users", type=int, default=16, help="simulated users at once (a session each)")
     parser.add_argument("--wave", type=int, default=64, help="chats (agent sessions) per wave of traffic")
+    parser.add_argument("--seeds", type=int, default=1, help="runs per example and arm, seeds 0..N-1")
+    parser.add_argument("--arms", default="corrections", help="comma-separated: corrections (the users correct a "
+                        "rejected reply with the task's reference), rewards (rewards only)")
     parser.add_argument("--workdir", type=Path, help="keep each example's server data here (default: a temporary "
                                                      "folder, removed afterwards)")
     parser.add_argument("--out", type=Path, help="default: bench/out/<section>.json")
@@ -183,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.examples.split(",") if name.strip()]
     # A run of some examples only is a section of its own: it leaves the full run's figures standing.
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    if not set(arms) <= {"corrections", "rewards"}:
+        parser.error(f"--arms: corrections or rewards, not {args.arms!r}")
     name = "learning" if args.examples == DEFAULT_EXAMPLES else "learning_" + "_".join(names)
     if args.out is None:
         args.out = OUT / f"{name}.json"
@@ -202,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         convert(DEFAULT_MODEL)
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="reef-learning-default-"))).resolve()
     try:
-        results = [run_example(example, work / example, args) for example in names]
+        runs = [(example, arm, seed) for example in names for arm in arms for seed in range(args.seeds)]
+        one = len(runs) == len(names)  # one run per example: its data folder as before
+        results = [run_example(example, work / (example if one else f"{example}-{arm}-s{seed}"), args, seed, arm)
+                   for example, arm, seed in runs]
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

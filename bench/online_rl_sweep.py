@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, params in VARIANTS.items():
         if args.only and not any(o in name for o in args.only):
             continue
-        recipe = load_recipe("online_rl", {"base_model": str(TINY), "max_steps": args.steps,
+        recipe = load_recipe("online_rl", {"scenario": demo.SCENARIO, "base_model": str(TINY), "max_steps": args.steps,
                                            "per_device_batch_size": args.batch, **params})
         snap = Snapshot.create(demo.SCENARIO, work / "data", recipe.experience(), root=work / "snaps",
                                ledger_root=work / f"ledger-{len(results)}")

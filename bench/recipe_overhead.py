@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         with console.status(f"recording offline demo traffic ({args.prompts} prompts x 4 samples)..."):
             torch.set_num_threads(1)
             traffic = record_offline_traffic(TINY, work / "data", "demo-add", prompts=args.prompts, samples=4, seed=0)
-        params = {"base_model": str(TINY), "max_steps": args.warmup + args.steps, "per_device_batch_size": args.batch,
-                  "learning_rate": 5e-4, "seed": 0}
+        params = {"scenario": SCENARIO, "base_model": str(TINY), "max_steps": args.warmup + args.steps,
+                  "per_device_batch_size": args.batch, "learning_rate": 5e-4, "seed": 0}
         probe = TimedRFT(**params)
         snap = Snapshot.create(SCENARIO, work / "data", probe.experience(), root=work / "snapshots",
                                ledger_root=work / "ledger")

@@ -60,8 +60,8 @@ def candidates(work: Path, data: Path) -> dict[str, str]:
              "full": {"kind": "full", "learning_rate": 5e-4, "seed": 0}}
     out = {}
     for name, params in specs.items():
-        rft = load_recipe("rft", {"base_model": str(TINY), "max_steps": 30, "per_device_batch_size": 16,
-                                  "min_score": 1.0, **params})
+        rft = load_recipe("rft", {"scenario": S, "base_model": str(TINY), "max_steps": 30,
+                                  "per_device_batch_size": 16, "min_score": 1.0, **params})
         snap = Snapshot.create(S, work / "traffic", rft.experience(), root=work / "snapshots",
                                ledger_root=work / "ledger")
         cand = rft.run(snap, out_root=work / "candidates" / name, progress=False, consume=False)

@@ -48,8 +48,8 @@ def candidates(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     out: dict[str, Candidate] = {}
     # LoRA (B starts at zero) needs a larger step than full weights to move the outputs measurably.
     for kind, lr in (("lora", 5e-3), ("full", 5e-4)):
-        rft = load_recipe("rft", {"base_model": str(tiny), "kind": kind, "max_steps": 8, "per_device_batch_size": 8,
-                                  "learning_rate": lr, "lora_r": 8})
+        rft = load_recipe("rft", {"scenario": demo.SCENARIO, "base_model": str(tiny), "kind": kind, "max_steps": 8,
+                                  "per_device_batch_size": 8, "learning_rate": lr, "lora_r": 8})
         snap = Snapshot.create(demo.SCENARIO, work / "data", rft.experience(), root=work / "snapshots",
                                ledger_root=work / "ledger")
         out[kind] = rft.run(snap, out_root=work / "out", progress=False, consume=False)
@@ -144,8 +144,8 @@ def test_every_recipe_writes_an_adapter_vllm_serves(engine: str, tiny: Path, rec
                                                     recipe: str) -> None:
     """Each recipe's LoRA candidate loads at runtime and vLLM serves exactly its weights."""
     data = recipe_traffic
-    params: dict[str, Any] = {"base_model": str(tiny), "kind": "lora", "lora_r": 8, "max_steps": 3,
-                              "learning_rate": 5e-3}
+    params: dict[str, Any] = {"scenario": demo.SCENARIO, "base_model": str(tiny), "kind": "lora", "lora_r": 8,
+                              "max_steps": 3, "learning_rate": 5e-3}
     if recipe == "online_rl":
         params["group_by"] = "prompt"
     rec = load_recipe(recipe, params)

@@ -8,6 +8,7 @@ tests/test_explore_engine.py."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import datasets
@@ -17,7 +18,7 @@ from recipes.explore.recipe import SOURCE, target_ids, training_rows
 from reef.config import ServeConfig
 from reef.config.serve import ExploreSettings
 from reef.experience.store import ExperienceStore
-from reef.learn.ladder import Exploration, explore_reason
+from reef.learn.ladder import RATE_WINDOW_S, Exploration, explore_reason, live_wait_s
 from reef.learn.learner import Learner
 from reef.learn.plan import RoundPlan, Thresholds
 from reef.model.smollm2 import CHAT_TEMPLATE as SMOLLM2_TEMPLATE
@@ -159,7 +160,7 @@ def test_the_learner_explores_only_where_it_fits(tmp_path: Path) -> None:
 
 def test_a_round_explores_while_live_rewards_are_rare_and_says_why(tmp_path: Path) -> None:
     _scenario_files(tmp_path)
-    config = _config(tmp_path)
+    config = _config(tmp_path, explore={"live_horizon_s": None})  # no waiting on live traffic's rate here
     data = config.data_dir
     with ExperienceStore(data, MANUAL) as store:
         records = [make_record(i, scenario=S, release=f"{S}@r0") for i in range(16)]
@@ -184,7 +185,7 @@ def test_a_round_explores_while_live_rewards_are_rare_and_says_why(tmp_path: Pat
 
 
 def test_exploration_backs_off_after_rounds_that_release_nothing() -> None:
-    rung = Exploration(RoundPlan(scenario=S, recipe="explore"), ExploreSettings(retry_s=10))
+    rung = Exploration(RoundPlan(scenario=S, recipe="explore"), ExploreSettings(retry_s=10, live_horizon_s=None))
     rare = {"rewarded": 0, "unrewarded": 30}
     rft = Thresholds(records=16, rewarded=4)
     assert rung.check(rare, rft, "waiting", now=0.0) is not None
@@ -198,6 +199,31 @@ def test_exploration_backs_off_after_rounds_that_release_nothing() -> None:
     assert rung.check(rare, rft, None, now=rung.next_at) is None  # the own round is due: it goes first
     rung.finished("trained", "weather@r1", now=1000.0)
     assert rung.next_at == 1010.0 and rung.fruitless == 0
+
+
+def test_exploration_waits_while_live_traffic_should_bring_rewards_soon() -> None:
+    """Live traffic is a policy sampling too: at 1 % success and 3 reports a second, it brings the
+    missing rewarded records sooner than an exploration round would; where none was ever rewarded,
+    the expected wait grows with each report until exploring is worth it."""
+    rft = Thresholds(records=16, rewarded=4)
+    assert live_wait_s({"rewarded": 2, "unrewarded": 198}, rft, 3.0) == pytest.approx(2 / (2.5 / 201 * 3.0))
+    assert live_wait_s({"rewarded": 0, "unrewarded": 20}, rft, 0.0) == math.inf
+    rung = Exploration(RoundPlan(scenario=S, recipe="explore"), ExploreSettings(live_horizon_s=300))
+    rare = lambda reported, rewarded=0: {"rewarded": rewarded, "unrewarded": reported - rewarded}  # noqa: E731
+    assert rung.check(rare(20), rft, "waiting", now=0.0) is None  # no rate yet
+    assert rung.live_wait is None and rung.describe(now=0.0)["live_wait_s"] is None
+    # 3 reports a second, 1 of 120 rewarded: ~4 in a minute or so: wait for them.
+    assert rung.check(rare(120, 1), rft, "waiting", now=(120 - 20) / 3) is None
+    assert rung.live_wait is not None and rung.live_wait < 300
+    # 3 a second and none of 300 rewarded: the wait is past the horizon, so explore.
+    reason = rung.check(rare(300), rft, "waiting", now=(300 - 20) / 3)
+    assert reason == "exploring: 0 of 4 rewarded in 300 reported records"
+    assert rung.live_wait > 300
+    # Reports stop coming (the rate over the last two minutes falls to zero): explore.
+    idle = Exploration(RoundPlan(scenario=S, recipe="explore"), ExploreSettings(live_horizon_s=300))
+    assert idle.check(rare(20), rft, "waiting", now=0.0) is None
+    assert idle.check(rare(20), rft, "waiting", now=RATE_WINDOW_S) is not None
+    assert idle.describe(now=RATE_WINDOW_S)["live_wait_s"] == "never"
 
 
 def test_exploration_turns_to_on_policy_rl_once_successes_are_not_rare() -> None:

@@ -125,7 +125,9 @@ def test_the_harness_reason_needs_a_few_rewarded_but_fewer_than_the_recipe_wants
 def _config(folder: Path, inject: str = "system_prepend", harness: object = True) -> ServeConfig:
     declared = {"recipe": "mine", "reward": "weather_reward:reward", "tasks": "tasks.jsonl",
                 "eval": {"path": "eval.jsonl"}, "base_dir": str(folder), "harness": {"inject": inject}}
-    return ServeConfig(data_dir=folder / "data", learner={"enabled": True, "interval_s": 1, "harness": harness},
+    # Exploration as soon as rewards are rare (not after watching the reports' rate): no traffic flows here.
+    return ServeConfig(data_dir=folder / "data", learner={"enabled": True, "interval_s": 1, "harness": harness,
+                                                          "explore": {"live_horizon_s": None}},
                        recipes={"mine": {"recipe": "rft", "params": {"kind": "lora"}}}, scenarios={S: declared})
 
 

@@ -98,8 +98,8 @@ def test_next_turn_learns_with_reports_off(gateway: Gateway, tiny: Path, tmp_pat
     records = load(demo.SCENARIO, gateway.data_dir).collect()
     assert records["score"].is_null().all(), "no report reached the store"
 
-    recipe = load_recipe("next_turn", {"base_model": str(tiny), "max_steps": 12, "hint_samples": 2,
-                                       "per_device_batch_size": 16})
+    recipe = load_recipe("next_turn", {"scenario": demo.SCENARIO, "base_model": str(tiny), "max_steps": 12,
+                                       "hint_samples": 2, "per_device_batch_size": 16})
     snap = Snapshot.create(demo.SCENARIO, gateway.data_dir, recipe.experience(), root=tmp_path / "snapshots",
                            ledger_root=tmp_path / "ledger")
     signals = recipe.signals(snap)

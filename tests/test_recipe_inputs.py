@@ -91,8 +91,8 @@ def lora_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def test_lora_round_continues_from_an_adapter(tiny: Path, tmp_path: Path) -> None:
     # 16 samples: with 4, all of them were sometimes wrong (no reward spread, so no gradient at all).
-    first = load_recipe("ttt", {"base_model": str(tiny), "task_id": "add-2-4-t0", "max_steps": 2,
-                                "samples_per_round": 16, "lora_r": 4})
+    first = load_recipe("ttt", {"scenario": "demo-add", "base_model": str(tiny), "task_id": "add-2-4-t0",
+                                "max_steps": 2, "samples_per_round": 16, "lora_r": 4})
     snap = Snapshot.create("demo-add", tmp_path / "no-data", first.experience(), root=tmp_path / "snaps",
                            ledger_root=tmp_path / "ledger", allow_empty=True)
     head = first.run(snap, out_root=tmp_path / "c", progress=False)
@@ -100,8 +100,8 @@ def test_lora_round_continues_from_an_adapter(tiny: Path, tmp_path: Path) -> Non
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in trained.items())
 
     # Loaded trainable, with the adapter's own rank (4), not the config's (16) and not reset.
-    params = {"base_model": str(tiny), "task_id": "add-2-4-t0", "max_steps": 2, "samples_per_round": 16,
-              "init_adapter": str(head.path)}
+    params = {"scenario": "demo-add", "base_model": str(tiny), "task_id": "add-2-4-t0", "max_steps": 2,
+              "samples_per_round": 16, "init_adapter": str(head.path)}
     cont = load_recipe("ttt", params)
     model, _ = cont.load_model()
     state = {k: v for k, v in model.state_dict().items() if "lora_" in k}
@@ -117,7 +117,8 @@ def test_lora_round_continues_from_an_adapter(tiny: Path, tmp_path: Path) -> Non
     assert after.keys() == trained.keys() and any(not torch.equal(after[k], trained[k]) for k in after)
 
     with pytest.raises(ValueError, match="kind: lora"):
-        load_recipe("rft", {"base_model": str(tiny), "init_adapter": str(head.path)}).load_model()
+        rft = load_recipe("rft", {"scenario": "demo-add", "base_model": str(tiny), "init_adapter": str(head.path)})
+        rft.load_model()
     with pytest.raises(ValueError, match="no adapter_config.json"):
         load_recipe("ttt", {**params, "init_adapter": str(tmp_path)}).load_model()
     meta = json.loads((head.path / CANDIDATE_FILE).read_text())

@@ -39,7 +39,7 @@ def store(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def recipe(ref: str, tiny: Path, **params: object):  # noqa: ANN201
-    base = {"base_model": str(tiny), "max_steps": 3, "per_device_batch_size": 8}
+    base = {"scenario": SCENARIO, "base_model": str(tiny), "max_steps": 3, "per_device_batch_size": 8}
     return load_recipe(ref, {**base, **params})
 
 
@@ -47,9 +47,11 @@ def test_registry_resolves_names_and_rejects_unknown_params(tiny: Path) -> None:
     assert resolve("rft") is resolve("recipes.rft.recipe:RFT")
     assert recipe("online_rl", tiny).ref == "recipes.online_rl.recipe:OnlineRL"
     with pytest.raises(ValueError, match="learning_rat"):
-        load_recipe("rft", {"learning_rat": 1.0})
+        load_recipe("rft", {"scenario": SCENARIO, "learning_rat": 1.0})
     with pytest.raises(ValueError, match="stale_policy"):
-        load_recipe("rft", {"stale_policy": "downweight"})  # SFT has no sample weights: drop only
+        load_recipe("rft", {"scenario": SCENARIO, "stale_policy": "downweight"})
+    with pytest.raises(ValueError, match="needs `scenario`"):  # framework code names no scenario of its own
+        load_recipe("rft", {})  # SFT has no sample weights: drop only
 
 
 def test_snapshot_applies_staleness_as_declared(store: Path, tmp_path: Path) -> None:

@@ -64,17 +64,18 @@ def test_short_names_params_yaml_and_specs(tiny: Path, store: Path, tmp_path: Pa
                "train": {"recipe": ref, "max_steps": 2}}
         assert plan(PipelineParams.parse(raw), SCENARIO).load_recipe().ref == ref
     with pytest.raises(ValueError, match="stale_policy"):
-        load_recipe("kto", {"stale_policy": "downweight"})  # KTO has no per-sample weights: drop only
+        # KTO has no per-sample weights: drop only
+        load_recipe("kto", {"scenario": SCENARIO, "stale_policy": "downweight"})
     # Self-generating recipes take no records even from a full store: batch_size 0, no reports needed.
     for name in ("ttt", "self_play"):
-        recipe = load_recipe(name, {"base_model": str(tiny)})
+        recipe = load_recipe(name, {"scenario": SCENARIO, "base_model": str(tiny)})
         spec = recipe.experience()
         assert (spec.batch_size, spec.needs_reports, recipe.needs_experience) == (0, False, False)
         snap = snapshot(recipe, store, tmp_path, allow_empty=True)
         counts = snap.manifest["counts"]
         assert snap.record_ids == [] and counts["over_batch_deferred"] + counts["duplicates"] == 24 * 4
     # ... while a recipe that learns from traffic still refuses an empty snapshot.
-    rft = load_recipe("rft", {"base_model": str(tiny)})
+    rft = load_recipe("rft", {"scenario": SCENARIO, "base_model": str(tiny)})
     empty = snapshot(rft, tmp_path / "no-data", tmp_path, allow_empty=True)
     with pytest.raises(EmptySnapshotError):
         rft.run(empty, out_root=tmp_path / "cands", progress=False)
@@ -82,7 +83,8 @@ def test_short_names_params_yaml_and_specs(tiny: Path, store: Path, tmp_path: Pa
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_kto_on_thumbs_reports(kind: str, tiny: Path, store: Path, tmp_path: Path) -> None:
-    kto = load_recipe("kto", {"base_model": str(tiny), "kind": kind, "max_steps": 3, "per_device_batch_size": 8})
+    kto = load_recipe("kto", {"scenario": SCENARIO, "base_model": str(tiny), "kind": kind, "max_steps": 3,
+                              "per_device_batch_size": 8})
     snap = snapshot(kto, store, tmp_path)
     samples = snap.samples()
     up = int((samples["score"] >= 0.5).sum())
@@ -131,10 +133,10 @@ def test_ttt_discovers_and_archives(tiny: Path, tmp_path: Path) -> None:
     demo_add = get_scenario(SCENARIO)
     eval_id = load_tasks(demo_add.resolve_path(demo_add.eval.path), "eval")[0]["task_id"]
     with pytest.raises(ValueError, match="held-in"):
-        load_recipe("ttt", {"task_id": eval_id}).problem()
+        load_recipe("ttt", {"scenario": SCENARIO, "task_id": eval_id}).problem()
     with pytest.raises(ValueError, match="names no task"):
-        load_recipe("ttt", {"task_id": "no-such-task"}).problem()
-    ttt = load_recipe("ttt", {"base_model": str(tiny), "max_steps": 10, "task_id": "add-2-4-t0"})
+        load_recipe("ttt", {"scenario": SCENARIO, "task_id": "no-such-task"}).problem()
+    ttt = load_recipe("ttt", {"scenario": SCENARIO, "base_model": str(tiny), "max_steps": 10, "task_id": "add-2-4-t0"})
     snap = snapshot(ttt, tmp_path / "no-data", tmp_path, allow_empty=True)
     cand = ttt.run(snap, out_root=tmp_path / "cands", progress=False)
     m = cand.metrics
@@ -157,7 +159,7 @@ def test_ttt_discovers_and_archives(tiny: Path, tmp_path: Path) -> None:
 
 def test_self_play_logs_both_roles(tiny: Path, tmp_path: Path) -> None:
     """The proposer picks among demo-add's own tasks; the eval suite is never shown or solved."""
-    sp = load_recipe("self_play", {"base_model": str(tiny), "max_steps": 6})
+    sp = load_recipe("self_play", {"scenario": SCENARIO, "base_model": str(tiny), "max_steps": 6})
     snap = snapshot(sp, tmp_path / "no-data", tmp_path, allow_empty=True)
     cand = sp.run(snap, out_root=tmp_path / "cands", progress=False)
     m = cand.metrics
@@ -250,7 +252,8 @@ def test_recipe_takes_a_scenario_object(tiny: Path, tmp_path: Path) -> None:
     task, _, reward = ttt.problem()
     assert task["target"] == 3 and reward([task], ["Answer: 3"])[0].value == 1.0
     with pytest.raises(ValueError, match="configured for 'demo-add'"):
-        load_recipe("ttt", {}, declared=scenario)
+        load_recipe("ttt", {"scenario": "demo-add"}, declared=scenario)
+    assert load_recipe("ttt", {}, declared=scenario).config.scenario == "sums"  # the object names it
     bare = load_recipe("self_play", {"scenario": "bare", "base_model": str(tiny)}, declared=Scenario(name="bare"))
     snap = Snapshot.create("bare", tmp_path / "no-data", bare.experience(), root=tmp_path / "snaps",
                            ledger_root=tmp_path / "ledger", allow_empty=True)

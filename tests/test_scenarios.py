@@ -383,6 +383,26 @@ def test_the_shop_example_is_corrected_turn_by_turn() -> None:
 
 
 @pytest.mark.model_free
+def test_the_capitals_example_rewards_a_short_answer_only() -> None:
+    """examples/capitals (rare rewards, rewards only): held-out countries no task names; the reward
+    pays the right capital in at most six words, never a longer reply however right, and imports
+    nothing of Reef; no corrections: rewards only."""
+    config, scenario, held_out, tasks = _default_model_example("capitals")
+    assert len(held_out) == 48 and len(tasks) == 118
+    assert not {r["country"] for r in held_out} & {r["country"] for r in tasks}
+    assert all(r["reference"] == r["capital"] for r in [*held_out, *tasks])
+    assert "reef" not in (REPO / "examples" / "capitals" / "reward.py").read_text()
+    task = next(r for r in held_out if " " not in r["capital"] + r["country"])
+    replies = [task["capital"], f"The capital of {task['country']} is {task['capital'].lower()}.",
+               f"The capital city of this country is {task['capital']}.",
+               "Paris" if task["capital"] != "Paris" else "Rome"]
+    assert [s.value for s in eval_suite(scenario).reward([task] * 4, replies)] == [1.0, 1.0, 0.0, 0.0]
+    spec = config.scenario("capitals").recipe_spec(config.recipes)
+    assert spec.recipe == "rft" and not spec.params.get("corrections") and spec.params["kind"] == "lora"
+    assert config.learner.explore.enabled
+
+
+@pytest.mark.model_free
 def test_the_orders_example_learns_through_the_harness() -> None:
     """examples/orders (harness only): harness_evolve with the mined proposer and a greedy eval;
     held-out messages use names and ids no task has; the reward gives the format as feedback when

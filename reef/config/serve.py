@@ -108,6 +108,10 @@ class ExploreSettings(_Strict):
                                    "max_prompts, guided, ...)")
     min_reports: int = Field(default=16, ge=1, description="reported live records, fewer than min_rewarded of them "
                              "rewarded, before rewards count as rare")
+    live_horizon_s: float | None = Field(default=300.0, gt=0, description="explore only when live traffic, at the "
+                                         "rate reports and rewards arrived over the last two minutes, would take "
+                                         "longer than this to bring the rewarded records the own recipe waits for; "
+                                         "null: as soon as rewards are rare")
     retry_s: float = Field(default=300.0, gt=0, description="the wait after an exploration round before the next; "
                            "doubled after each that released nothing (up to 8x)")
     rl_recipe: str | None = Field(default="grpo", description="the on-policy RL recipe an exploration round "

@@ -88,11 +88,13 @@ def _render(state: LoopState, scenario: str) -> Group:
 
 
 def watch(url: str, data_dir: Path, scenario: str | Scenario, *, rounds: int, max_seconds: float, wave: int = 64,
-          concurrency: int = 16, idle_seconds: float = 120.0) -> LoopState:
+          concurrency: int = 16, idle_seconds: float = 120.0, corrections: bool = True, seed: int = 0) -> LoopState:
     """Waves of simulated users until `rounds` learning rounds finished (and one wave more, on what
     they released), `max_seconds` passed, or,
     after a first round, the learner found too little new experience for `idle_seconds` (a good
-    model mostly repeats replies it was already trained on, and duplicates are not trained twice)."""
+    model mostly repeats replies it was already trained on, and duplicates are not trained twice).
+    `corrections`: the users correct a rejected reply with the task's reference (else rewards only);
+    `seed`: where the waves' seeds start (wave i draws with seed + i)."""
     declared, scenario = scenario, scenario.name if isinstance(scenario, Scenario) else scenario
     state = LoopState()
     state.head = httpx.get(f"{url}/reef/status", timeout=30).json()["scenarios"].get(scenario, {}).get(
@@ -104,7 +106,8 @@ def watch(url: str, data_dir: Path, scenario: str | Scenario, *, rounds: int, ma
     with Live(_render(state, scenario), refresh_per_second=2, transient=False) as live:
         i = 0
         while time.monotonic() - started < max_seconds:
-            summary = simulate(url, scenario=declared, requests=wave, concurrency=concurrency, seed=i, progress=False)
+            summary = simulate(url, scenario=declared, requests=wave, concurrency=concurrency, seed=seed + i,
+                               corrections=corrections, progress=False)
             status = httpx.get(f"{url}/reef/status", timeout=30).json()
             state.learner = (status.get("learner", {}).get("scenarios") or {}).get(scenario, {})
             judged_head, state.head = state.head, status["scenarios"].get(scenario, {}).get("serving_release", "?")

@@ -2,11 +2,21 @@
 
 A scenario's own recipe (rft, online_rl, ...) waits for `min_rewarded` rewarded records (see
 reef.learn.plan.Thresholds). When its live traffic shows that rewards are rare, at least
-`learner.explore.min_reports` reported records of which fewer than `min_rewarded` earned one, the
-learner runs an exploration round instead (`learner.explore.recipe`, `explore`: the policy's own
-rollouts on the scenario's practice tasks, scored by its reward, the successes fine-tuned), whose
-candidate goes through the same gate and release policy as any other. The reason shows in
+`learner.explore.min_reports` reported records of which fewer than `min_rewarded` earned one, and
+live traffic would not bring the rest soon, the learner runs an exploration round instead
+(`learner.explore.recipe`, `explore`: the policy's own rollouts on the scenario's practice tasks,
+scored by its reward, the successes fine-tuned), whose candidate goes through the same gate and
+release policy as any other. The reason shows in
 `reef status`, e.g. `exploring: 0 of 4 rewarded in 20 reported records`.
+
+"Soon" is `learner.explore.live_horizon_s`: live traffic is a policy sampling too, often faster
+than a round's own rollouts, which share the engine with it. At a 1 % success rate and a few
+reports a second it brings the rewarded records in a minute or two, sooner than an exploration
+round would finish; where no reply has ever been rewarded, the expected wait grows with every
+report until exploring is worth it. The expected wait is the missing rewarded records over the
+rate of rewarded reports: the reports' rate over the last two minutes times the share rewarded so
+far, counting half a success more (a Jeffreys-style prior: none seen yet in twenty reports is not
+a rate of zero). It is not trusted before reports have been watched for `RATE_WINDOW_S`.
 
 Once successes are not rare (at least `rl_above` of the last exploration round's unguided rollouts
 passed), the next exploration round is on-policy RL instead (`learner.explore.rl_recipe`, `grpo`:
@@ -23,8 +33,10 @@ cannot solve does not explore back to back.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reef.config import ServeConfig
@@ -38,6 +50,18 @@ if TYPE_CHECKING:
     from reef.recipe.base import Recipe
 
 MAX_BACKOFF = 8
+RATE_WINDOW_S = 30.0  # reports watched at least this long before their rate is trusted
+RATE_HISTORY_S = 120.0  # the rate is over the reports of this long
+
+
+def live_wait_s(counts: dict[str, int], thresholds: Thresholds, reports_per_s: float) -> float:
+    """Seconds live traffic should take to bring the rewarded records the own recipe still wants, at
+    `reports_per_s` and the share rewarded so far with half a success added (inf: no reports come)."""
+    want, rewarded = thresholds.rewarded, counts.get("rewarded", 0)
+    reported = rewarded + counts.get("unrewarded", 0)
+    if reports_per_s <= 0:
+        return math.inf
+    return max(want - rewarded, 0) / ((rewarded + 0.5) / (reported + 1) * reports_per_s)
 
 
 def explore_reason(counts: dict[str, int], thresholds: Thresholds, min_reports: int) -> str | None:
@@ -101,15 +125,34 @@ class Exploration:
     next_at: float = 0.0  # time.time() before which no exploration round starts
     reason: str | None = None  # set while one is due or running
     last: dict[str, Any] | None = None
+    live_wait: float | None = None  # seconds live traffic should take to bring the rewarded records (None: unknown)
+    _reports: deque[tuple[float, int]] = field(default_factory=deque)  # (time, reported) over RATE_HISTORY_S
 
     def check(self, counts: dict[str, int], thresholds: Thresholds, waiting: str | None,
               now: float | None = None) -> str | None:
         """The reason an exploration round is due now (None: the scenario's own round is due, rewards
-        are not rare, or the last exploration was too recent)."""
+        are not rare, live traffic should bring them soon, or the last exploration was too recent)."""
         now = time.time() if now is None else now
         reason = explore_reason(counts, thresholds, self.settings.min_reports) if waiting is not None else None
+        horizon = self.settings.live_horizon_s
+        if horizon is not None:
+            rate = self._report_rate(counts.get("rewarded", 0) + counts.get("unrewarded", 0), now)
+            self.live_wait = None if rate is None else live_wait_s(counts, thresholds, rate)
+            if self.live_wait is None or self.live_wait <= horizon:
+                reason = None
         self.reason = reason if reason is not None and now >= self.next_at else None
         return self.reason
+
+    def _report_rate(self, reported: int, now: float) -> float | None:
+        """Reports per second over the last RATE_HISTORY_S (None: watched for less than RATE_WINDOW_S).
+        Fewer reports pending than before (a round consumed some) starts the watch again."""
+        if self._reports and reported < self._reports[-1][1]:
+            self._reports.clear()
+        self._reports.append((now, reported))
+        while len(self._reports) > 2 and now - self._reports[1][0] >= RATE_HISTORY_S:
+            self._reports.popleft()
+        since, first = self._reports[0]
+        return (reported - first) / (now - since) if now - since >= RATE_WINDOW_S else None
 
     @property
     def next_plan(self) -> RoundPlan:
@@ -131,8 +174,10 @@ class Exploration:
 
     def describe(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
+        wait = self.live_wait
         return {"recipe": self.next_plan.recipe, "rounds": self.rounds, "last": self.last,
-                "next_in_s": max(0.0, round(self.next_at - now, 1))}
+                "next_in_s": max(0.0, round(self.next_at - now, 1)),
+                "live_wait_s": None if wait is None else round(wait, 1) if math.isfinite(wait) else "never"}
 
 
 def exploration_for(config: ServeConfig, name: str, plan: RoundPlan, recipe: Recipe | None,

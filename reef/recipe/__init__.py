@@ -3,7 +3,7 @@ snapshots and the experience spec they apply, the consumed ledger. What a recipe
 (`Candidate`, with its `Lineage`) is exported here and defined by the registry that stores it.
 
     from reef.recipe import Snapshot, load_recipe
-    recipe = load_recipe("recipes.rft.recipe:RFT", {"max_steps": 20})
+    recipe = load_recipe("recipes.rft.recipe:RFT", {"scenario": "sentiment", "max_steps": 20})
     snap = Snapshot.create("sentiment", "data", recipe.experience())
     candidate = recipe.run(snap)
 """

@@ -112,6 +112,8 @@ class Recipe(ABC):
     def __init__(self, config: RecipeConfig | None = None, *, declared: Scenario | None = None, **params: Any) -> None:
         if config is not None and params:
             raise TypeError("pass a config or params, not both")
+        if config is None and declared is not None and declared.name and "scenario" not in params:
+            params["scenario"] = declared.name
         self.config = config if config is not None else self.config_class.from_dict(params)
         if declared is not None and declared.name and declared.name != self.config.scenario:
             raise ValueError(f"scenario {declared.name!r} given for a recipe configured for {self.config.scenario!r}")

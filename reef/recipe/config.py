@@ -21,7 +21,7 @@ class RecipeConfig:
     """
 
     # --- experience
-    scenario: str = "demo-add"
+    scenario: str  # the declared scenario it learns for (its tasks, reward, eval suite): no default
     max_staleness: int | None = None
     stale_policy: StalePolicy = "drop"
     stale_weight: float = 0.5
@@ -56,6 +56,8 @@ class RecipeConfig:
         unknown = sorted(set(params) - known)
         if unknown:
             raise ValueError(f"{cls.__name__} has no parameter(s) {unknown}; known: {sorted(known)}")
+        if "scenario" not in params:
+            raise ValueError(f"{cls.__name__} needs `scenario`: the name of the scenario it learns for")
         return cls(**params)
 
     def to_dict(self) -> dict[str, Any]:

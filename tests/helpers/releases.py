@@ -22,7 +22,8 @@ def train_candidates(tiny: Path, work: Path, specs: dict[str, dict[str, Any]]) -
     record_offline_traffic(tiny, work / "traffic", "demo-add", prompts=64, samples=4, seed=1)
     out = {}
     for name, params in specs.items():
-        rft = load_recipe("rft", {"base_model": str(tiny), "per_device_batch_size": 16, "min_score": 1.0, **params})
+        rft = load_recipe("rft", {"scenario": demo.SCENARIO, "base_model": str(tiny), "per_device_batch_size": 16,
+                                  "min_score": 1.0, **params})
         snap = Snapshot.create(demo.SCENARIO, work / "traffic", rft.experience(), root=work / "snapshots",
                                ledger_root=work / "ledger")
         out[name] = rft.run(snap, out_root=work / "candidates" / name, progress=False, consume=False)
