@@ -224,6 +224,13 @@ def test_exploration_waits_while_live_traffic_should_bring_rewards_soon() -> Non
     assert idle.check(rare(20), rft, "waiting", now=0.0) is None
     assert idle.check(rare(20), rft, "waiting", now=RATE_WINDOW_S) is not None
     assert idle.describe(now=RATE_WINDOW_S)["live_wait_s"] == "never"
+    # Traffic that begins after a quiet minute is timed from its first report, not from the quiet.
+    late = Exploration(RoundPlan(scenario=S, recipe="explore"), ExploreSettings(live_horizon_s=300))
+    for t in range(0, 61, 10):
+        assert late.check(rare(0), rft, "waiting", now=float(t)) is None
+    assert late.check(rare(20), rft, "waiting", now=67.0) is None  # 20 reports in 7 s: too soon to tell
+    assert late.check(rare(100, 1), rft, "waiting", now=93.3) is None and late.live_wait is not None
+    assert late.live_wait == pytest.approx(live_wait_s(rare(100, 1), rft, 100 / 33.3))
 
 
 def test_exploration_turns_to_on_policy_rl_once_successes_are_not_rare() -> None:

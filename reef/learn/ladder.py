@@ -145,13 +145,18 @@ class Exploration:
 
     def _report_rate(self, reported: int, now: float) -> float | None:
         """Reports per second over the last RATE_HISTORY_S (None: watched for less than RATE_WINDOW_S).
-        Fewer reports pending than before (a round consumed some) starts the watch again."""
-        if self._reports and reported < self._reports[-1][1]:
-            self._reports.clear()
-        self._reports.append((now, reported))
-        while len(self._reports) > 2 and now - self._reports[1][0] >= RATE_HISTORY_S:
-            self._reports.popleft()
-        since, first = self._reports[0]
+        Fewer reports pending than before (a round consumed some) starts the watch again; a quiet
+        time before the first report in the window is not counted (traffic that just began)."""
+        points = self._reports
+        if points and reported < points[-1][1]:
+            points.clear()
+        points.append((now, reported))
+        while len(points) > 2 and now - points[1][0] >= RATE_HISTORY_S:
+            points.popleft()
+        if reported > points[0][1]:
+            while points[1][1] == points[0][1]:
+                points.popleft()
+        since, first = points[0]
         return (reported - first) / (now - since) if now - since >= RATE_WINDOW_S else None
 
     @property
