@@ -173,7 +173,7 @@ def test_a_round_explores_while_live_rewards_are_rare_and_says_why(tmp_path: Pat
     assert learner.plan_tick() == S
     mine = learner.describe()["scenarios"][S]
     assert mine["exploring"] == "exploring: 0 of 4 rewarded in 16 reported records"
-    assert mine["waiting"] == "waiting: 0 of 4 rewarded, 0 of 16 records"  # the own recipe still waits
+    assert mine["waiting"] == "waiting: 0 of 4 rewarded, 0 of 4 records"  # the own recipe still waits
     assert state.round_plan().recipe == "explore" and state.exploring
 
     # It found nothing: the next exploration waits retry_s, and the own recipe's idle mark is untouched.

@@ -141,7 +141,7 @@ def test_the_learner_shows_rewarded_replies_before_exploring_once_per_head(tmp_p
     mine = learner.describe()["scenarios"][S]
     assert mine["harness"] == "harness: 3 rewarded replies as few-shot examples"
     assert mine["exploring"] is None  # the harness rung goes first
-    assert mine["waiting"] == "waiting: 3 of 4 rewarded, 3 of 16 records"  # rft still waits
+    assert mine["waiting"] == "waiting: 3 of 4 rewarded, 3 of 4 records"  # rft still waits (for rewarded ones)
     plan = state.round_plan()
     assert plan.recipe == "harness_evolve" and state.harnessing and not state.exploring
     assert plan.params == {"proposer": "mined", "consume": False, "failure_below": 1.0} and plan.wait_for is None

@@ -50,13 +50,17 @@ def test_defaults_wait_for_signal_and_each_recipe_for_what_it_learns_from(tmp_pa
     got = {name: plans[name].thresholds for name in plans}
     assert got == {
         "rl": Thresholds(records=16, rewarded=4, unrewarded=4),  # a group baseline needs both
-        "rft": Thresholds(records=16, rewarded=4),  # trains on the rewarded ones only
+        "rft": Thresholds(records=4, rewarded=4),  # trains on the rewarded ones only: min_rewarded of them
         "nt": Thresholds(records=16),  # its rewards are next turns, not reports
         "evolve": Thresholds(records=16, unrewarded=4),  # learns from failures
         "strict-rft": Thresholds(records=8, rewarded=4, unrewarded=2),  # the recipe setting's own, named
     }
     assert all(plans[name].plan.wait_for == got[name] for name in plans)  # the round process checks them too
     assert thresholds(config, "rft") == Thresholds(records=16, rewarded=4, unrewarded=4)  # no recipe: every count
+    # min_records set by the user is theirs, also for a recipe that learns from rewarded records only.
+    named = ServeConfig(data_dir=tmp_path, learner={"min_records": 16}, recipes={"rft": {"recipe": "rft"}},
+                        scenarios={"rft": {"recipe": "rft"}})
+    assert Learner(named).scenarios["rft"].thresholds == Thresholds(records=16, rewarded=4)
 
 
 def test_no_round_below_the_thresholds_and_status_names_the_reason(tmp_path: Path) -> None:

@@ -174,7 +174,8 @@ class LearnerConfig(_Strict):
     # is not waited for unless its setting names it.
     min_records: int = Field(default=16, ge=1, description="eligible new records (those the round's snapshot would "
                              "take, uncapped by batch_size) that start a round, unless the scenario's recipe sets "
-                             "min_records")
+                             "min_records; left unset, a recipe that learns from rewarded records only (rft) "
+                             "waits for min_rewarded of them instead")
     min_rewarded: int = Field(default=4, ge=0, description="of them, records with a reward: above 0, or at least the "
                               "recipe's min_score (rft: 1.0; kto: threshold; harness recipes: failure_below), "
                               "unless the recipe sets min_rewarded")

@@ -166,7 +166,12 @@ def plan_for_scenario(config: ServeConfig, scenario: str) -> RoundPlan | None:
 def thresholds(config: ServeConfig, scenario: str, recipe: Recipe | None = None) -> Thresholds:
     """What the learner's round for `scenario` waits for: each count's recipe setting (`min_records`,
     `min_rewarded`, `min_unrewarded` of `recipes.<name>`), else the learner's, for the counts the
-    recipe learns from (`Recipe.waits_for`; a count it does not is 0 unless its setting names it)."""
+    recipe learns from (`Recipe.waits_for`; a count it does not is 0 unless its setting names it).
+
+    A recipe that learns from its rewarded records only (rft: every eligible record is one) waits for
+    `min_rewarded` of them where no one set `min_records`: the learner's default of 16 records would
+    be 16 rewarded replies, minutes of traffic at a 2 % success rate, while a small model learns a
+    format from a handful and the gate judges what it learned."""
     spec = config.scenario(scenario).recipe_spec(config.recipes)
     waits = recipe.waits_for if recipe is not None else frozenset(COUNTS)
 
@@ -176,7 +181,13 @@ def thresholds(config: ServeConfig, scenario: str, recipe: Recipe | None = None)
             return own
         return int(getattr(config.learner, f"min_{name}")) if name in waits or name == "records" else 0
 
-    return Thresholds(records=pick("records"), rewarded=pick("rewarded"), unrewarded=pick("unrewarded"))
+    records, rewarded = pick("records"), pick("rewarded")
+    rewarded_only = (recipe is not None and recipe.success_threshold() is not None
+                     and "rewarded" in waits and "unrewarded" not in waits)
+    if rewarded_only and rewarded > 0 and (spec is None or spec.min_records is None) \
+            and "min_records" not in config.learner.model_fields_set:
+        records = min(records, rewarded)
+    return Thresholds(records=records, rewarded=rewarded, unrewarded=pick("unrewarded"))
 
 
 def min_records(config: ServeConfig, scenario: str) -> int:
