@@ -1,0 +1,101 @@
+"""PostgreSQL, where several gateways share state (serve.yaml `state.url`): connections and schema.
+
+One `Database` per URL and process (`Database.at(url)`): a small pool of connections (psycopg 3,
+the optional `postgres` extra) that threads borrow for one statement or one transaction, and the
+tables each backend declares, created once under an advisory lock (concurrent `CREATE TABLE IF NOT
+EXISTS` can otherwise fail on a unique index of the catalog). A backend module (e.g.
+reef.registry.chain_pg) owns its tables' DDL and SQL; this module knows none of them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    import psycopg
+except ImportError as exc:  # the optional `postgres` extra: only `state.url` needs it
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
+
+# pg_advisory_xact_lock key for schema changes: "reef" in ASCII.
+_SCHEMA_LOCK = 0x72656566
+
+
+class StateUnavailableError(RuntimeError):
+    """PostgreSQL cannot be used: the extra is missing or the server refuses the connection."""
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """A constraint said a row with that key is there already (SQLSTATE 23505)."""
+    return getattr(exc, "sqlstate", None) == "23505"
+
+
+class Database:
+    _by_url: dict[str, Database] = {}
+    _by_url_guard = threading.Lock()
+
+    def __init__(self, url: str, *, max_idle: int = 8, connect_timeout_s: float = 10.0) -> None:
+        if _MISSING is not None:
+            raise StateUnavailableError("state.url needs psycopg 3: pip install 'reef[postgres]'") from _MISSING
+        self.url = url
+        self.max_idle = max_idle
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._schemas: set[str] = set()
+
+    @classmethod
+    def at(cls, url: str) -> Database:
+        """The process's one Database for `url` (chains of every scenario share its connections)."""
+        with cls._by_url_guard:
+            db = cls._by_url.get(url)
+            if db is None:
+                db = cls._by_url[url] = cls(url)
+            return db
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A connection in autocommit mode: each statement commits, unless run inside
+        `with conn.transaction():`. Returned to the pool unless it broke."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed:
+            try:
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=int(self.connect_timeout_s))
+            except psycopg.OperationalError as exc:
+                raise StateUnavailableError(f"cannot connect to the state database: {exc}") from exc
+        try:
+            yield conn
+        except BaseException:
+            # A connection left mid-transaction or broken by the server is not handed on.
+            if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.close()
+            raise
+        finally:
+            if not conn.closed:
+                with self._lock:
+                    if len(self._idle) < self.max_idle:
+                        self._idle.append(conn)
+                        conn = None
+                if conn is not None:
+                    conn.close()
+
+    def ensure_schema(self, name: str, ddl: str) -> None:
+        """Run `ddl` (idempotent statements) once per process for `name`, serialized across
+        processes and machines."""
+        if name in self._schemas:
+            return
+        with self.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(ddl)
+        self._schemas.add(name)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
