@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.transport.upstream import Upstream
 from reef.learn.learner import Learner, LearnerConfigError, scenario_plans
+from reef.registry.state import STATE_URL_ENV
 from reef.serving.follow import follow_heads
 from reef.serving.publisher import Publisher
 from reef.serving.routing import Routes
@@ -72,6 +74,8 @@ def serve(config: ServeConfig) -> None:
     # Until uvicorn installs its own handlers, SIGTERM must unwind through the `finally` below.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     data_dir = Path(config.data_dir)
+    if config.state.url:  # the rounds and gates this server starts read the chains it publishes to
+        os.environ[STATE_URL_ENV] = config.state.url
     engine: EngineSupervisor | None = None
     learner: Learner | None = None
     store = ExperienceStore(data_dir, config.store)

@@ -2,23 +2,31 @@
 a gateway's, with no engine: the releases here change routing and harness, never weights) on one
 state database and one shared data dir. Exactly one of 50 concurrent publishers spread over both
 wins; a release made through one is served by the other within the poll interval; a gateway whose
-database is away keeps serving what it serves."""
+database is away keeps serving what it serves. Then the same through two `reef serve` processes
+over HTTP (201 once, 409 49 times), and the CLI reading the chains from PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.server
+import json
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
+from reef.cli.main import main
 from reef.config import ServeConfig
 from reef.engine.hold import EngineHold
 from reef.registry import ArtifactStore, HeadMovedError
 from reef.registry.chain_pg import PgChain
 from reef.registry.state import ReleaseState
+from reef.serve_process import ServeProcess
 from reef.serving.canary import Canaries
 from reef.serving.follow import follow_heads, moved
 from reef.serving.publisher import Publisher
@@ -136,3 +144,98 @@ async def until(condition: object, timeout_s: float = 10.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+# --- two `reef serve` processes over HTTP ---------------------------------------------------
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible stand-in: healthy, one model, the same greedy reply to everything."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _send(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._send({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send({"id": "c1", "object": "chat.completion", "created": 0, "model": "stand-in",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "ok"}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_two_reef_serve_gateways_one_postgres(tmp_path: Path, url: str) -> None:
+    """Acceptance (issue 26): 50 concurrent publishers spread over two gateways on one PostgreSQL:
+    one 201, 49 409; the release made through one is served by the other."""
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    model = fake_model(tmp_path / "model")
+    env = {"REEF_STATE__URL": url, "REEF_STATE__POLL_S": "0.2", "REEF_ADMIN_TOKEN": "admin-token",
+           "REEF_STORE__FSYNC": "false"}
+    args = ["--upstream-url", f"http://127.0.0.1:{upstream.server_address[1]}", "--model", str(model)]
+    gateways = [ServeProcess(tmp_path / name, args, env) for name in ("a", "b")]
+    admin = {"Authorization": "Bearer admin-token"}
+    try:
+        for gw in gateways:
+            gw.workdir.mkdir()
+            gw.start(timeout_s=120)
+        with httpx.Client(timeout=30) as http_client:
+            def serving(gw: ServeProcess) -> str:
+                resp = http_client.get(f"{gw.url}/reef/scenarios/{SCENARIO}/releases")
+                assert resp.status_code == 200, resp.text
+                return str(resp.json()["serving"]["release_id"])
+
+            assert {serving(gw) for gw in gateways} == {f"{SCENARIO}@r0"}  # r0 made once, in PostgreSQL
+            r0 = PgChain(url, SCENARIO).head()
+            assert r0 is not None
+            h = {harness(gw.data_dir, "Be terse.") for gw in gateways}.pop()  # each gateway's store holds it
+            PgChain(url, SCENARIO).publish(r0.release_id, r0.content_id, "full", "train", harness_id=h)
+            wait_for(lambda: {serving(gw) for gw in gateways} == {f"{SCENARIO}@r1"})
+
+            def rollback(i: int) -> int:
+                resp = http_client.post(f"{gateways[i % 2].url}/reef/scenarios/{SCENARIO}/rollback", headers=admin,
+                                        json={"release_id": f"{SCENARIO}@r0", "expected_parent": f"{SCENARIO}@r1"})
+                return resp.status_code
+
+            with ThreadPoolExecutor(50) as pool:
+                codes = list(pool.map(rollback, range(50)))
+            assert sorted(codes) == [201] + [409] * 49
+            started = time.monotonic()
+            wait_for(lambda: {serving(gw) for gw in gateways} == {f"{SCENARIO}@r2"})
+            assert time.monotonic() - started < 5.0
+    finally:
+        for gw in gateways:
+            gw.kill()
+        upstream.shutdown()
+
+
+def test_cli_reads_the_chains_from_postgres(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    chain = PgChain(url, SCENARIO)
+    r0 = chain.ensure_base(hashlib.sha256(b"base").hexdigest())
+    chain.publish(r0.release_id, r0.content_id, "full", "train", approved_by="ops")
+    monkeypatch.setenv("REEF_STATE__URL", url)
+    assert main(["releases", "--data-dir", str(tmp_path), "--json"]) == 0
+    assert [r["release_id"] for r in json.loads(capsys.readouterr().out)[SCENARIO]] == ["demo@r0", "demo@r1"]
+    assert main(["lineage", f"{SCENARIO}@r1", "--data-dir", str(tmp_path), "--json"]) == 0
+    assert [r["release_id"] for r in json.loads(capsys.readouterr().out)] == ["demo@r1", "demo@r0"]
+    assert not (tmp_path / "releases").exists()  # nothing read from, or made in, the data dir
+
+
+def wait_for(condition: object, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -65,11 +65,17 @@ class Database:
             conn = self._idle.pop() if self._idle else None
         if conn is None or conn.closed:
             try:
-                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=int(self.connect_timeout_s))
+                # No server-side prepared statements: they break behind a transaction-pooling proxy
+                # (pgbouncer before 1.21, most managed poolers), and these queries are few and cheap.
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=int(self.connect_timeout_s),
+                                       prepare_threshold=None)
             except psycopg.OperationalError as exc:
                 raise StateUnavailableError(f"cannot connect to the state database: {exc}") from exc
         try:
             yield conn
+        except psycopg.OperationalError as exc:  # the server went away mid-use
+            conn.close()
+            raise StateUnavailableError(f"the state database: {exc}") from exc
         except BaseException:
             # A connection left mid-transaction or broken by the server is not handed on.
             if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

