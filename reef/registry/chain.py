@@ -52,8 +52,8 @@ LOCK_FILE = "LOCK"
 
 
 # Defined with the interface (reef.registry.chain_api), importable from here as before.
-__all__ = ["CHAIN_FILE", "ChainCorruptError", "HeadMovedError", "NotSelectedError", "ReleaseChain", "ReleaseError",
-           "ReleaseNotFoundError", "StaleGateError"]
+__all__ = ["CHAIN_FILE", "Chain", "ChainCorruptError", "HeadMovedError", "NotSelectedError", "ReleaseChain",
+           "ReleaseError", "ReleaseNotFoundError", "StaleGateError"]
 
 
 # flock excludes other processes; threads of this one are serialized first, so they never depend on
