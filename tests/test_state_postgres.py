@@ -22,7 +22,10 @@ import pytest
 
 from reef.cli.main import main
 from reef.config import ServeConfig
+from reef.core import pg
+from reef.core.pg import StateUnavailableError
 from reef.engine.hold import EngineHold
+from reef.gateway.routes.releases import _as_http
 from reef.registry import ArtifactStore, HeadMovedError
 from reef.registry.chain_pg import PgChain
 from reef.registry.state import ReleaseState
@@ -137,6 +140,24 @@ def test_a_gateway_serves_on_while_the_database_is_away(tmp_path: Path, postgres
 
     asyncio.run(main())
     assert sum("cannot read the release heads" in r.message for r in caplog.records) == 1
+
+
+def test_a_restarted_database_is_reconnected(postgres: PostgresServer, url: str,  # noqa: F811
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """While PostgreSQL is down a publish fails with nothing written (the API answers 503); once it is
+    back the pooled connections it dropped are replaced, and the next publish succeeds."""
+    monkeypatch.setattr(pg, "CHECK_IDLE_S", 0.0)  # a restart here takes less than the idle check's wait
+    chain = PgChain(url, SCENARIO)
+    r0 = chain.ensure_base(hashlib.sha256(b"base").hexdigest())
+    postgres.stop()
+    try:
+        with pytest.raises(StateUnavailableError) as err:
+            chain.publish(r0.release_id, r0.content_id, "full", "train")
+        assert _as_http(err.value).status == 503
+    finally:
+        postgres.restart()
+    r1 = chain.publish(r0.release_id, r0.content_id, "full", "train")
+    assert r1.release_id == f"{SCENARIO}@r1" and [r.seq for r in PgChain(url, SCENARIO).releases()] == [0, 1]
 
 
 async def until(condition: object, timeout_s: float = 10.0) -> None:

@@ -9,7 +9,9 @@ reef.registry.chain_pg) owns its tables' DDL and SQL; this module knows none of 
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,10 @@ except ImportError as exc:  # the optional `postgres` extra: only `state.url` ne
     _MISSING: ImportError | None = exc
 else:
     _MISSING = None
+
+# A pooled connection idle longer than this is checked before it is lent: one round trip, instead of
+# failing the caller's statement on a connection the server closed meanwhile.
+CHECK_IDLE_S = 5.0
 
 # pg_advisory_xact_lock key for schema changes: "reef" in ASCII.
 _SCHEMA_LOCK = 0x72656566
@@ -34,8 +40,16 @@ def is_unique_violation(exc: BaseException) -> bool:
     return getattr(exc, "sqlstate", None) == "23505"
 
 
+def _alive(conn: Any) -> bool:
+    try:
+        conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
 class Database:
-    _by_url: dict[str, Database] = {}
+    _by_url: dict[tuple[str, int], Database] = {}
     _by_url_guard = threading.Lock()
 
     def __init__(self, url: str, *, max_idle: int = 8, connect_timeout_s: float = 10.0) -> None:
@@ -44,17 +58,19 @@ class Database:
         self.url = url
         self.max_idle = max_idle
         self.connect_timeout_s = connect_timeout_s
-        self._idle: list[Any] = []
+        self._idle: list[tuple[Any, float]] = []  # (connection, when it was handed back)
         self._lock = threading.Lock()
         self._schemas: set[str] = set()
 
     @classmethod
     def at(cls, url: str) -> Database:
-        """The process's one Database for `url` (chains of every scenario share its connections)."""
+        """The process's one Database for `url` (chains of every scenario share its connections).
+        Keyed by process too: a forked child must not talk on its parent's sockets."""
         with cls._by_url_guard:
-            db = cls._by_url.get(url)
+            key = (url, os.getpid())
+            db = cls._by_url.get(key)
             if db is None:
-                db = cls._by_url[url] = cls(url)
+                db = cls._by_url[key] = cls(url)
             return db
 
     @contextmanager
@@ -62,7 +78,9 @@ class Database:
         """A connection in autocommit mode: each statement commits, unless run inside
         `with conn.transaction():`. Returned to the pool unless it broke."""
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
+            conn, since = self._idle.pop() if self._idle else (None, 0.0)
+        if conn is not None and time.monotonic() - since > CHECK_IDLE_S and not _alive(conn):
+            conn.close()  # the server restarted or a proxy dropped it while it idled
         if conn is None or conn.closed:
             try:
                 # No server-side prepared statements: they break behind a transaction-pooling proxy
@@ -85,7 +103,7 @@ class Database:
             if not conn.closed:
                 with self._lock:
                     if len(self._idle) < self.max_idle:
-                        self._idle.append(conn)
+                        self._idle.append((conn, time.monotonic()))
                         conn = None
                 if conn is not None:
                     conn.close()
@@ -103,5 +121,5 @@ class Database:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()

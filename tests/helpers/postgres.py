@@ -62,6 +62,8 @@ class PostgresServer:
         self.port = port
         self.run_as = run_as
         self.datadir = root / "db"
+        self.options = (f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -F -c max_connections=200"
+                        " -c full_page_writes=off")
 
     def _cmd(self, *args: str) -> list[str]:
         return (["runuser", "-u", self.run_as, "--"] if self.run_as else []) + list(args)
@@ -85,16 +87,21 @@ class PostgresServer:
         try:
             server._run(str(bindir / "initdb"), "-D", str(server.datadir), "-A", "trust", "-U", USER,
                         "-E", "UTF8", "--no-sync", "--no-instructions")
-            opts = (f"-c listen_addresses=127.0.0.1 -p {server.port} -k {root} -F -c max_connections=200 "
-                    "-c synchronous_commit=off -c full_page_writes=off")
-            server._run(str(bindir / "pg_ctl"), "-D", str(server.datadir), "-o", opts, "-l",
-                        str(root / "server.log"), "-w", "-t", "60", "start")
+            server.restart()
             yield server
         finally:
             if (server.datadir / "postmaster.pid").exists():
                 subprocess.run(server._cmd(str(bindir / "pg_ctl"), "-D", str(server.datadir), "-m", "immediate",
                                            "-w", "stop"), capture_output=True, timeout=60)
             shutil.rmtree(root, ignore_errors=True)
+
+    def stop(self) -> None:
+        """Stop the server (as a crash or a failover would), keeping its data for `restart`."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "-w", "stop")
+
+    def restart(self) -> None:
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-o", self.options, "-l",
+                  str(self.root / "server.log"), "-w", "-t", "60", "start")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
