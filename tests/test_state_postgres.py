@@ -67,7 +67,7 @@ def harness(data_dir: Path, text: str) -> str:
     return ArtifactStore.for_data_dir(data_dir).import_harness(tree).content_id
 
 
-def test_two_gateways_one_truth(tmp_path: Path, url: str) -> None:
+def test_two_gateways_one_truth(tmp_path: Path, url: str, caplog: pytest.LogCaptureFixture) -> None:
     data = tmp_path / "data"  # shared by both gateways, as their experience partitions would be
     model = fake_model(tmp_path / "model")
 
@@ -108,6 +108,15 @@ def test_two_gateways_one_truth(tmp_path: Path, url: str) -> None:
             assert {p.routes.for_scenario(SCENARIO).harness_id for p in (a, b)} == {None}
             # The data dir's HEAD (read by reef.experience.load) follows too.
             assert (data / "releases" / SCENARIO / "HEAD").read_text() == f"{SCENARIO}@r2\n"
+
+            # A head these gateways cannot serve (new weights, and no engine to load them into): the
+            # previous release keeps serving, the error shows, and it is not retried on every poll.
+            PgChain(url, SCENARIO).publish(f"{SCENARIO}@r2", hashlib.sha256(b"new").hexdigest(), "full", "train")
+            await until(lambda: all(SCENARIO in p.errors for p in (a, b)))
+            await asyncio.sleep(0.3)  # six polls
+            assert {p.routes.for_scenario(SCENARIO).release_id for p in (a, b)} == {f"{SCENARIO}@r2"}
+            assert all("could not serve demo@r3" in p.errors[SCENARIO] for p in (a, b))
+            assert sum("could not serve demo@r3" in r.message for r in caplog.records) == 2  # once each
         finally:
             follower_a.cancel()
             follower_b.cancel()

@@ -47,6 +47,10 @@ from reef.serving.swap import EngineConflictError, SwapFailedError, Swapper, Und
 
 log = logging.getLogger("reef.registry")
 
+# A head released through another gateway that this one failed to serve is tried again after this
+# long (or at once when the head moves on), not on every poll.
+FOLLOW_RETRY_S = 60.0
+
 __all__ = ["EngineConflictError", "NotSelectedError", "Publisher", "StaleGateError", "SwapFailedError"]
 
 
@@ -82,6 +86,7 @@ class Publisher:
         self.swapped_at: dict[str, float] = {}
         self.lock = asyncio.Lock()  # one swap at a time: releases, rollbacks, canaries
         self._chains: dict[str, Chain] = {}
+        self._follow_failed: dict[str, tuple[str, float]] = {}  # scenario -> (head it could not serve, when)
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -165,12 +170,15 @@ class Publisher:
         and `GET /reef/status` shows why)."""
         if self.disabled or self.base_content is None:
             return None
-        chain = self.chain(scenario)
+        chain = await asyncio.to_thread(self.chain, scenario)
         async with self.lock:  # never between another swap's load and its route switch
             head = await asyncio.to_thread(chain.head)
             current = self.routes.for_scenario(scenario)
             if head is None or head.release_id == current.release_id:
                 return None
+            failed = self._follow_failed.get(scenario)
+            if failed is not None and failed[0] == head.release_id and time.monotonic() - failed[1] < FOLLOW_RETRY_S:
+                return None  # not a load every poll for a head this engine refused
             try:
                 if (head.content_id, head.kind) == (current.content_id, current.kind):
                     model = current.model
@@ -180,6 +188,7 @@ class Publisher:
             except ReleaseError as exc:
                 self.errors[scenario] = f"could not serve {head.release_id}, released through another gateway: {exc}"
                 log.error("%s: %s", scenario, self.errors[scenario])
+                self._follow_failed[scenario] = (head.release_id, time.monotonic())
                 return None
             finally:
                 self.hold.open()
