@@ -55,6 +55,15 @@ debs:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; fi
 chromium: debs
 
+# PostgreSQL's server (Debian's `postgresql`) for the tests of `state.url` (tests/helpers/postgres.py
+# runs initdb into a temporary folder; the package's own cluster is not used). Its own apt-get, run
+# before `debs` in the same background job: the state tests wait for it, not for Chromium.
+.PHONY: postgres
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql; }
+
 # The Pi coding agent (npm), pinned, in a project-local folder: tests/test_agent_clis.py runs it against
 # `reef serve`.
 PI_VERSION := 0.73.1
@@ -106,7 +115,8 @@ $(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION): | debs
 # On a slow machine the build can be the longer of the two, so the model-free tests run niced:
 # where their engines and servers want more than their core, the build keeps its own.
 # The Debian packages and the agents (`make agents`: Pi, Codex, Claude Code, OpenCode) install in the
-# background (log: test-artifacts/debs-pi.log): only the browser and agent tests, in the second phase, need them.
+# background (log: test-artifacts/debs-pi.log): only the browser and agent tests, in the second phase, need them,
+# and the PostgreSQL tests (model-free), which wait for the server's package (REEF_TEST_POSTGRES_WAIT_S).
 # The notebooks `make test` executes are the copies in tests/notebooks/ (on the tests' tiny model), for time:
 # notebooks/ holds all four walkthroughs on the default model (01 took 225-581 s against its copy's 176-181 s
 # on 2 shared cores, issue 35); run those by hand with `.venv/bin/pytest --nbmake notebooks`.
@@ -115,7 +125,7 @@ TINY := data/models/tiny
 PYTEST := $(BIN)/pytest -q -ra
 test:
 	@mkdir -p test-artifacts
-	@$(MAKE) --no-print-directory chromium agents > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \
+	@$(MAKE) --no-print-directory postgres chromium agents > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \
 	debs_ready() { wait $$debs || { tail -20 test-artifacts/debs-pi.log; exit 1; }; }; \
 	$(MAKE) --no-print-directory $(STAMP) || exit 1; \
 	if $(BIN)/python -c "import sys; from tests.helpers.tiny.model import is_current; sys.exit(not is_current('$(TINY)'))"; \
@@ -125,7 +135,7 @@ test:
 	else \
 	  echo "building the tests' tiny model in the background (log: test-artifacts/tiny-build.log)"; \
 	  $(BIN)/python -m tests.helpers.tiny.model --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
-	  REEF_TEST_MODEL_FREE=1 nice -n 10 $(PYTEST) -m model_free tests; free=$$?; \
+	  REEF_TEST_MODEL_FREE=1 REEF_TEST_POSTGRES_WAIT_S=900 nice -n 10 $(PYTEST) -m model_free tests; free=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
 	  debs_ready; \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests --nbmake; rest=$$?; \

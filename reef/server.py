@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.transport.upstream import Upstream
 from reef.learn.learner import Learner, LearnerConfigError, scenario_plans
+from reef.registry.state import STATE_URL_ENV
+from reef.serving.follow import follow_heads
 from reef.serving.publisher import Publisher
 from reef.serving.routing import Routes
 
@@ -71,6 +74,8 @@ def serve(config: ServeConfig) -> None:
     # Until uvicorn installs its own handlers, SIGTERM must unwind through the `finally` below.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     data_dir = Path(config.data_dir)
+    if config.state.url:  # the rounds and gates this server starts read the chains it publishes to
+        os.environ[STATE_URL_ENV] = config.state.url
     engine: EngineSupervisor | None = None
     learner: Learner | None = None
     store = ExperienceStore(data_dir, config.store)
@@ -149,6 +154,7 @@ async def _nothing() -> None:
 
 async def _run(server: uvicorn.Server, state: GatewayState) -> None:
     supervision: asyncio.Task[None] | None = None
+    following: asyncio.Task[None] | None = None
     try:
         if state.engine is None:  # a server Reef did not start: does it return token ids?
             if not await state.upstream.probe_token_ids(state.config.upstream.token_ids):
@@ -156,6 +162,9 @@ async def _run(server: uvicorn.Server, state: GatewayState) -> None:
                             "recorded ids skip them", state.upstream.base_url)
         if state.publisher is not None:
             await state.publisher.start()  # each scenario's head serves before the first request
+            if state.publisher.state.shared:  # other gateways release too: serve their heads
+                following = asyncio.get_running_loop().create_task(
+                    follow_heads(state.publisher, state.config.state.poll_s))
         if state.learner is not None:
             state.learner.start(state.publisher, asyncio.get_running_loop())
         if state.engine is not None:
@@ -163,8 +172,9 @@ async def _run(server: uvicorn.Server, state: GatewayState) -> None:
             supervision = asyncio.get_running_loop().create_task(state.engine.supervise(recovered))
         await server.serve()
     finally:
-        if supervision is not None:
-            supervision.cancel()
+        for task in (supervision, following):
+            if task is not None:
+                task.cancel()
         await state.upstream.aclose()
         if state.publisher is not None and state.publisher.weights is not None:
             try:

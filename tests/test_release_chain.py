@@ -1,5 +1,6 @@
-"""The release chain on real files: compare-and-swap under threads and processes, rollback as a new
-release, crash recovery, and a HEAD file reef.experience.load can read."""
+"""The release chain on real files and on a real PostgreSQL (the two backends of
+reef.registry.chain_api.Chain pass the same tests): compare-and-swap under threads and processes,
+rollback as a new release, crash recovery (files), and a HEAD file reef.experience.load can read."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import multiprocessing
 import os
 import queue
 import threading
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,10 @@ from reef.registry import (
     ReleaseError,
     Routing,
 )
+from reef.registry.chain_api import Chain
+from reef.registry.chain_pg import PgChain
+from reef.registry.state import open_chain
+from tests.helpers.postgres import postgres  # noqa: F401 - the session's server, started by the first PG test
 
 pytestmark = pytest.mark.model_free
 
@@ -34,20 +41,58 @@ def cid(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def chain_with_base(root: Path, scenario: str = "demo") -> ReleaseChain:
-    chain = ReleaseChain(root, scenario)
+@dataclass(frozen=True)
+class At:
+    """Where a test's chains live: files under `root`, or PostgreSQL at `url` (HEAD cached under
+    `root` as a gateway does). Picklable: spawned publishers open their own chains from it."""
+
+    root: Path
+    url: str | None = None
+
+    def chain(self, scenario: str = "demo", **kw: Any) -> Chain:
+        if self.url is None:
+            return ReleaseChain(self.root, scenario, **kw)
+        return PgChain(self.url, scenario, head_file=self.root / scenario / "HEAD", **kw)
+
+
+@pytest.fixture(params=["files", "postgres"])
+def at(request: pytest.FixtureRequest, tmp_path: Path) -> At:
+    if request.param == "files":
+        return At(tmp_path)
+    server = request.getfixturevalue("postgres")
+    return At(tmp_path, server.create_database(f"chain_{uuid.uuid4().hex[:12]}"))
+
+
+def chain_with_base(at: At, scenario: str = "demo") -> Chain:
+    chain = at.chain(scenario)
     chain.ensure_base(cid("base"), Lineage(base_model="data/models/tiny"))
     return chain
 
 
-def head_text(chain: ReleaseChain) -> str:
-    return chain.head_path.read_text()
+def head_path(chain: Chain) -> Path:
+    path = chain.head_path if isinstance(chain, ReleaseChain) else chain.head_file  # type: ignore[attr-defined]
+    assert isinstance(path, Path)
+    return path
+
+
+def head_text(chain: Chain) -> str:
+    return head_path(chain).read_text()
+
+
+def stored_count(at: At) -> int:
+    """Releases as stored, read without any chain object's cache."""
+    if at.url is None:
+        return len((at.root / "demo" / "chain.jsonl").read_bytes().splitlines())
+    import psycopg
+
+    with psycopg.connect(at.url) as conn:
+        return int(conn.execute("SELECT count(*) FROM reef_releases WHERE scenario = 'demo'").fetchone()[0])
 
 
 # --- compare-and-swap ------------------------------------------------------------------------
 
 
-def _publish_outcome(chain: ReleaseChain, expected: str, content: str) -> tuple[str, str | None, str]:
+def _publish_outcome(chain: Chain, expected: str, content: str) -> tuple[str, str | None, str]:
     try:
         release = chain.publish(expected, cid(content), "lora", "train", approved_by=content)
         return ("won", release.release_id, content)
@@ -55,18 +100,18 @@ def _publish_outcome(chain: ReleaseChain, expected: str, content: str) -> tuple[
         return ("lost", exc.actual, content)
 
 
-def _process_publisher(root: str, expected: str, content: str, ready: Any, go: Any, results: Any) -> None:
-    chain = ReleaseChain(root, "demo")  # opened before the start line, like a live API process
+def _process_publisher(at: At, expected: str, content: str, ready: Any, go: Any, results: Any) -> None:
+    chain = at.chain()  # opened before the start line, like a live API process
     ready.put(content)
     go.wait(30)
     results.put(_publish_outcome(chain, expected, content))
 
 
-def test_fifty_concurrent_publishers_one_wins(tmp_path: Path) -> None:
-    chain = chain_with_base(tmp_path)
+def test_fifty_concurrent_publishers_one_wins(at: At) -> None:
+    chain = chain_with_base(at)
     n_procs, n_threads = 4, 46
     ready, results, go = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
-    procs = [SPAWN.Process(target=_process_publisher, args=(str(tmp_path), "demo@r0", f"p{i}", ready, go, results))
+    procs = [SPAWN.Process(target=_process_publisher, args=(at, "demo@r0", f"p{i}", ready, go, results))
              for i in range(n_procs)]
     for p in procs:
         p.start()
@@ -75,7 +120,7 @@ def test_fifty_concurrent_publishers_one_wins(tmp_path: Path) -> None:
     outcomes: list[tuple[str, str | None, str]] = []
 
     def thread_publisher(content: str) -> None:
-        own = ReleaseChain(tmp_path, "demo")  # half share one chain object, half open their own
+        own = at.chain()  # half share one chain object, half open their own
         go.wait(30)
         outcomes.append(_publish_outcome(own if int(content[1:]) % 2 else chain, "demo@r0", content))
 
@@ -99,11 +144,11 @@ def test_fifty_concurrent_publishers_one_wins(tmp_path: Path) -> None:
     assert [r.release_id for r in releases] == ["demo@r0", "demo@r1"]
     assert releases[1].content_id == cid(winners[0][2]) and releases[1].parent_release_id == "demo@r0"
     assert head_text(chain) == "demo@r1\n"
-    assert len(chain.chain_path.read_bytes().splitlines()) == 2
+    assert stored_count(at) == 2
 
 
-def _retrying_publisher(root: str | Path, worker: int, n: int, go: Any = None) -> None:
-    chain = ReleaseChain(root, "demo")
+def _retrying_publisher(at: At, worker: int, n: int, go: Any = None) -> None:
+    chain = at.chain()
     if go is not None:
         go.wait(30)
     for k in range(n):
@@ -117,41 +162,42 @@ def _retrying_publisher(root: str | Path, worker: int, n: int, go: Any = None) -
                 continue
 
 
-def assert_linear(root: Path, contents: list[str]) -> None:
-    releases = ReleaseChain(root, "demo").releases()
+def assert_linear(at: At, contents: list[str]) -> None:
+    releases = at.chain().releases()
     assert [r.seq for r in releases] == list(range(len(contents) + 1))
     assert all(r.parent_release_id == p.release_id for p, r in zip(releases, releases[1:], strict=False))
     assert sorted(r.content_id for r in releases[1:]) == sorted(cid(c) for c in contents)
-    assert (root / "demo" / "HEAD").read_text() == f"demo@r{len(contents)}\n"
+    assert (at.root / "demo" / "HEAD").read_text() == f"demo@r{len(contents)}\n"
 
 
-def test_retrying_publishers_make_one_linear_chain(tmp_path: Path) -> None:
-    chain_with_base(tmp_path)
-    threads = [threading.Thread(target=_retrying_publisher, args=(tmp_path, w, 5)) for w in range(8)]
+def test_retrying_publishers_make_one_linear_chain(at: At) -> None:
+    chain_with_base(at)
+    threads = [threading.Thread(target=_retrying_publisher, args=(at, w, 5)) for w in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert_linear(tmp_path, [f"{w}-{k}" for w in range(8) for k in range(5)])
+    assert_linear(at, [f"{w}-{k}" for w in range(8) for k in range(5)])
 
 
-def test_retrying_processes_make_one_linear_chain(tmp_path: Path) -> None:
-    # Only flock stands between processes: this is the test that fails without it.
-    chain_with_base(tmp_path)
+def test_retrying_processes_make_one_linear_chain(at: At) -> None:
+    # Only flock (files) or the head row's lock (PostgreSQL) stands between processes: this is the
+    # test that fails without it.
+    chain_with_base(at)
     go = SPAWN.Event()
-    procs = [SPAWN.Process(target=_retrying_publisher, args=(str(tmp_path), w, 10, go)) for w in range(3)]
+    procs = [SPAWN.Process(target=_retrying_publisher, args=(at, w, 10, go)) for w in range(3)]
     for p in procs:
         p.start()
     go.set()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert_linear(tmp_path, [f"{w}-{k}" for w in range(3) for k in range(10)])
+    assert_linear(at, [f"{w}-{k}" for w in range(3) for k in range(10)])
 
 
-def test_publish_rules(tmp_path: Path) -> None:
-    chain = ReleaseChain(tmp_path, "demo")
-    assert chain.head() is None and chain.releases() == [] and not chain.head_path.exists()
+def test_publish_rules(at: At) -> None:
+    chain = at.chain()
+    assert chain.head() is None and chain.releases() == [] and not head_path(chain).exists()
     with pytest.raises(ValueError, match="create"):
         chain.publish(None, cid("a"), "full", "train")
     r0 = chain.ensure_base(cid("base"))
@@ -173,12 +219,13 @@ def test_publish_rules(tmp_path: Path) -> None:
     assert chain.get("demo@r1") == r1 and len(chain.releases()) == 2
 
 
-def test_publish_checks_the_artifact_store(tmp_path: Path) -> None:
+def test_publish_checks_the_artifact_store(at: At) -> None:
+    tmp_path = at.root
     store = ArtifactStore(tmp_path / "artifacts")
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "system.md").write_text("Be terse.")
     harness = store.import_harness(tmp_path / "h")
-    chain = ReleaseChain(tmp_path / "releases", "demo", artifacts=store)
+    chain = At(tmp_path / "releases", at.url).chain(artifacts=store)
     with pytest.raises(ArtifactNotFoundError):
         chain.ensure_base(cid("not imported"))
     with pytest.raises(ValueError, match="harness artifact, not full"):
@@ -189,11 +236,11 @@ def test_publish_checks_the_artifact_store(tmp_path: Path) -> None:
 # --- rollback and lineage --------------------------------------------------------------------
 
 
-def test_rollback_is_a_new_release(tmp_path: Path) -> None:
-    chain = chain_with_base(tmp_path)
+def test_rollback_is_a_new_release(at: At) -> None:
+    chain = chain_with_base(at)
     r1 = chain.publish("demo@r0", cid("B"), "lora", "train", lineage=Lineage(recipe="sft", snapshot_id="s1"))
     chain.publish("demo@r1", cid("C"), "full", "promote")
-    history = chain.chain_path.read_bytes()
+    history = at.chain().releases()
     with pytest.raises(HeadMovedError):
         chain.rollback("demo@r1", expected_parent="demo@r1", approved_by="ops")
     with pytest.raises(ReleaseError, match="already serves"):
@@ -202,17 +249,17 @@ def test_rollback_is_a_new_release(tmp_path: Path) -> None:
     assert (r3.release_id, r3.operation, r3.parent_release_id, r3.restores) == ("demo@r3", "rollback", "demo@r2",
                                                                                 "demo@r1")
     assert (r3.content_id, r3.kind, r3.lineage, r3.approved_by) == (r1.content_id, "lora", r1.lineage, "ops")
-    assert chain.chain_path.read_bytes().startswith(history)  # history is never rewritten
+    assert at.chain().releases()[:3] == history  # history is never rewritten
     assert [r.release_id for r in chain.lineage("demo@r3")] == ["demo@r3", "demo@r2", "demo@r1", "demo@r0"]
     assert [r.release_id for r in chain.lineage("demo@r1")] == ["demo@r1", "demo@r0"]
     r4 = chain.rollback("demo@r0", expected_parent="demo@r3", approved_by="ops")
     assert r4.content_id == cid("base") and head_text(chain) == "demo@r4\n"
 
 
-def test_routing_release_splits_traffic_and_a_rollback_restores_the_split(tmp_path: Path) -> None:
+def test_routing_release_splits_traffic_and_a_rollback_restores_the_split(at: At) -> None:
     """A canary split is a routing release: the head's content plus a candidate arm; a rollback to it
     restores the split, and the next release (promote or route) ends it."""
-    chain = chain_with_base(tmp_path)
+    chain = chain_with_base(at)
     r1 = chain.publish("demo@r0", cid("B"), "lora", "train", harness_id=cid("H"))
     routing = Routing.canary("demo", r1.content_id, r1.kind, cid("C"), 0.25)
     assert [(a.arm, a.share, a.label) for a in routing.arms] == [
@@ -227,7 +274,7 @@ def test_routing_release_splits_traffic_and_a_rollback_restores_the_split(tmp_pa
         chain.rollback("demo@r1", expected_parent="demo@r3", approved_by="ops")  # same content, no split
     r4 = chain.rollback("demo@r2", expected_parent="demo@r3", approved_by="ops")
     assert (r4.routing, r4.restores, r4.harness_id) == (routing, "demo@r2", cid("H"))
-    reread = ReleaseChain(tmp_path, "demo").get("demo@r4")  # durable as JSON, read back the same
+    reread = at.chain().get("demo@r4")  # durable as JSON, read back the same
     assert reread.routing == routing
     with pytest.raises(ValueError, match="sum to 1"):
         Routing(arms=[a.model_copy(update={"share": 0.5}) if a.arm == "head" else a for a in routing.arms])
@@ -243,7 +290,7 @@ def _die_before_head(root: str) -> None:
 
 
 def test_crash_between_append_and_head(tmp_path: Path) -> None:
-    chain_with_base(tmp_path)
+    chain_with_base(At(tmp_path))
     proc = SPAWN.Process(target=_die_before_head, args=(str(tmp_path),))
     proc.start()
     proc.join(30)
@@ -257,7 +304,7 @@ def test_crash_between_append_and_head(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("tail", [b'{"release_id": "demo@r2", "scen', b"\x00\x00\x00\x00\n", b"{}\n"])
 def test_torn_last_line_is_cut(tmp_path: Path, tail: bytes) -> None:
-    chain = chain_with_base(tmp_path)
+    chain = chain_with_base(At(tmp_path))
     chain.publish("demo@r0", cid("B"), "full", "train")
     good = chain.chain_path.read_bytes()
     with chain.chain_path.open("ab") as f:
@@ -271,7 +318,7 @@ def test_torn_last_line_is_cut(tmp_path: Path, tail: bytes) -> None:
 
 
 def test_stale_or_missing_head_is_repaired(tmp_path: Path) -> None:
-    chain = chain_with_base(tmp_path)
+    chain = chain_with_base(At(tmp_path))
     chain.publish("demo@r0", cid("B"), "full", "train")
     chain.head_path.write_text("demo@r0\n")
     (chain.dir / ".HEAD.deadbeef.tmp").write_text("demo@r9")  # left by a crash mid-replace
@@ -283,7 +330,7 @@ def test_stale_or_missing_head_is_repaired(tmp_path: Path) -> None:
 
 
 def test_corruption_inside_the_chain_stops_everything(tmp_path: Path) -> None:
-    chain = chain_with_base(tmp_path)
+    chain = chain_with_base(At(tmp_path))
     chain.publish("demo@r0", cid("B"), "full", "train")
     chain.publish("demo@r1", cid("C"), "full", "train")
     lines = chain.chain_path.read_bytes().splitlines(keepends=True)
@@ -298,35 +345,36 @@ def test_corruption_inside_the_chain_stops_everything(tmp_path: Path) -> None:
 # --- what other readers of the releases folder expect ----------------------------------------
 
 
-def test_head_file_drives_experience_staleness(tmp_path: Path) -> None:
+def test_head_file_drives_experience_staleness(at: At) -> None:
     # Imported here: reef.experience pulls in datasets and polars, which spawned publishers need not.
     from reef.experience import ExperienceStore, load, shards
     from reef.experience.load import read_head_seq, release_seq
     from reef.registry.schema import SCENARIO_RE
     from tests.helpers.records import MANUAL, make_record
 
+    tmp_path = at.root
     assert SCENARIO_RE.pattern == shards.SCENARIO_RE.pattern  # the chain lives where load() looks
     with ExperienceStore(tmp_path, MANUAL) as store:
         store.append_records_sync([make_record(i, release="demo@r0") for i in range(3)])
-    chain = ReleaseChain.for_data_dir(tmp_path, "demo")
+    chain = open_chain(tmp_path, "demo", at.url)  # as a gateway opens it, with or without state.url
     chain.ensure_base(cid("base"))
     assert read_head_seq(tmp_path, "demo") == 0
     chain.publish("demo@r0", cid("B"), "lora", "train")
     chain.publish("demo@r1", cid("C"), "lora", "train")
-    assert chain.head_path == tmp_path / "releases" / "demo" / "HEAD"
+    assert head_path(chain) == tmp_path / "releases" / "demo" / "HEAD"
     assert release_seq(head_text(chain)) == 2 and read_head_seq(tmp_path, "demo") == 2
     exp = load("demo", tmp_path)
     assert exp.head_seq == 2
     assert exp.collect()["staleness"].to_list() == [2, 2, 2]
 
 
-def test_readers_never_see_a_partial_chain(tmp_path: Path) -> None:
-    chain = chain_with_base(tmp_path)
+def test_readers_never_see_a_partial_chain(at: At) -> None:
+    chain = chain_with_base(at)
     stop = threading.Event()
     seen: queue.Queue[list[int]] = queue.Queue()
 
     def reader() -> None:
-        other = ReleaseChain(tmp_path, "demo")
+        other = at.chain()
         while not stop.is_set():
             seen.put([r.seq for r in other.releases()])
 

@@ -1,9 +1,10 @@
 """`reef releases | release | rollback | lineage | candidates | gate`: the release chain from the shell.
 
-Reads (`releases`, `lineage`, `candidates`) come from the data directory, so they work without a
-server; changes (`release`, `rollback`) go through the running server's API, which swaps the
-engine, with the admin token from `--token` or REEF_ADMIN_TOKEN. `gate` registers a recipe's
-candidate folder and evaluates it locally against the scenario's head.
+Reads (`releases`, `lineage`, `candidates`) come from the data directory (the chains from PostgreSQL
+when REEF_STATE__URL, serve.yaml's `state.url`, is set), so they work without a server; changes
+(`release`, `rollback`) go through the running server's API, which swaps the engine, with the admin
+token from `--token` or REEF_ADMIN_TOKEN. `gate` registers a recipe's candidate folder and evaluates
+it locally against the scenario's head.
 """
 
 from __future__ import annotations
@@ -107,18 +108,19 @@ def _print(args: argparse.Namespace, data: Any, rows: list[list[str]], header: l
 
 
 def _releases(args: argparse.Namespace) -> int:
-    from reef.registry.chain import CHAIN_FILE, ReleaseChain
+    from reef.registry.state import ReleaseState
 
-    root = DataDir(args.data_dir).releases()
+    state = ReleaseState(args.data_dir)
+    where = "the state database" if state.url else args.data_dir
     if args.scenario is not None:
-        if not (root / args.scenario / CHAIN_FILE).is_file():
-            raise UsageError(f"scenario {args.scenario} has no releases in {args.data_dir}")
+        if not state.has_chain(args.scenario):
+            raise UsageError(f"scenario {args.scenario} has no releases in {where}")
         names = [args.scenario]
     else:
-        names = sorted(p.parent.name for p in root.glob(f"*/{CHAIN_FILE}")) if root.is_dir() else []
+        names = state.scenarios()
         if not names:
-            raise UsageError(f"no scenario has releases in {args.data_dir}")
-    chains = {name: ReleaseChain.for_data_dir(args.data_dir, name).releases() for name in names}
+            raise UsageError(f"no scenario has releases in {where}")
+    chains = {name: state.chain(name).releases() for name in names}
     if args.json:  # one scenario: its list, as before; every scenario: lists by scenario
         data: Any = {name: [r.model_dump(mode="json") for r in rs] for name, rs in chains.items()}
         print(json.dumps(data[names[0]] if args.scenario else data, indent=2, default=str))
@@ -172,9 +174,9 @@ def _split(release: Release) -> str:
 
 
 def _lineage(args: argparse.Namespace) -> int:
-    from reef.registry.chain import ReleaseChain
+    from reef.registry.state import open_chain
 
-    releases = ReleaseChain.for_data_dir(args.data_dir, _scenario_of(args.release)).lineage(args.release)
+    releases = open_chain(args.data_dir, _scenario_of(args.release)).lineage(args.release)
     rows = []
     for r in releases:
         lin = r.lineage

@@ -28,6 +28,7 @@ from reef.config.serve import (
     ReleaseConfig,
     ScenarioConfig,
     ServeConfig,
+    StateConfig,
     StoreConfig,
     UpstreamConfig,
     describe,
@@ -41,6 +42,6 @@ __all__ = [
     "ENV_PREFIX", "ApiKey", "BaseModelParams",
     "ConfigError", "DemoTrafficParams", "EngineConfig", "EvaluateParams", "ExperienceParams", "GateSettings",
     "LearnerConfig", "LimitsConfig", "ParamsError", "PipelineParams", "ReleaseConfig", "ScenarioConfig",
-    "ServeConfig", "SourceParams", "StoreConfig", "TrainParams", "UpstreamConfig", "describe", "env_overrides",
-    "load_file", "parse_overrides", "resolve",
+    "ServeConfig", "SourceParams", "StateConfig", "StoreConfig", "TrainParams", "UpstreamConfig", "describe",
+    "env_overrides", "load_file", "parse_overrides", "resolve",
 ]

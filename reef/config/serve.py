@@ -96,6 +96,17 @@ class StoreConfig(_Strict):
     flush_max_records: int = Field(default=5000, gt=0)
 
 
+class StateConfig(_Strict):
+    """Where what several gateways must share lives (issue 26): files under `data_dir` (the embedded
+    default, one gateway), or PostgreSQL at `url`. Today the release chains with their
+    compare-and-swap heads move there (reef.registry.chain_pg); the rest stays under data_dir."""
+
+    url: str | None = Field(default=None, description="postgresql://user:password@host:port/db (needs the "
+                            "`postgres` extra); unset: state in files under data_dir")
+    poll_s: float = Field(default=1.0, gt=0, description="with url: how often this gateway reads every head, to "
+                          "serve a release made through another gateway (reef.serving.follow)")
+
+
 class ExploreSettings(_Strict):
     """The learner's first rung when live rewards are rare (reef.learn.ladder): an exploration round
     (recipe `explore`: the policy's own rollouts on the scenario's practice tasks, scored by its
@@ -286,6 +297,7 @@ class ServeConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     release: ReleaseConfig = Field(default_factory=ReleaseConfig)
     recipes: dict[str, RecipeSpec] = Field(default_factory=dict, description="named recipe settings")
@@ -314,7 +326,7 @@ class ServeConfig(_Strict):
         return self.served_model_name or (self.model or DEFAULT_MODEL_NAME)
 
 
-_SECRETS = {"admin_token", "upstream.api_key", "api_keys"}
+_SECRETS = {"admin_token", "upstream.api_key", "api_keys", "state.url"}  # state.url may hold a password
 _WHOLE = {"scenarios", "recipes"}
 
 

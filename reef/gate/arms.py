@@ -22,14 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reef.core.paths import CANDIDATE_FILE, DataDir
+from reef.core.paths import CANDIDATE_FILE
 from reef.gate.scoring import declared_scenario
 from reef.registry.artifacts import HARNESS_METRICS_FILE, ArtifactStore, tree_files
 from reef.registry.base_model import base_of, ensure_scenario, model_folders
 from reef.registry.candidates import CandidateView
-from reef.registry.chain import ReleaseChain
 from reef.registry.harness import Harness, inject, load_harness
 from reef.registry.schema import Candidate, Release, adapter_name
+from reef.registry.state import ReleaseState
 from reef.sampling.engine import EngineEndpoint
 from reef.scenario import EvalSuite, Task
 
@@ -122,8 +122,9 @@ def first_head(data_dir: Path | str, view: CandidateView, base_model: str | None
 def engine_holds_base(data_dir: Path | str, base_content: str) -> bool:
     """Whether the engine runs the base weights: full weights are shared by every scenario, so a
     full-weight head anywhere means the engine may hold other weights than the base."""
-    for scenario in sorted(p.parent.name for p in DataDir(data_dir).releases().glob("*/chain.jsonl")):
-        head = ReleaseChain.for_data_dir(data_dir, scenario).head()
+    state = ReleaseState(data_dir)
+    for scenario in state.scenarios():
+        head = state.chain(scenario).head()
         if head is not None and head.kind == "full" and head.content_id != base_content:
             return False
     return True

@@ -48,8 +48,8 @@ from reef.registry.candidates import (
     PromptOutcome,
     find_candidate,
 )
-from reef.registry.chain import ReleaseChain
 from reef.registry.schema import Release
+from reef.registry.state import open_chain
 from reef.sampling.engine import EngineEndpoint, add_engine_arguments, engine_of
 from reef.scenario import EvalSuite
 
@@ -194,11 +194,11 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateSett
         raise CandidateStateError(f"candidate {view.candidate_id[:12]} is {view.status} for good: nothing to gate")
     store = ArtifactStore.for_data_dir(data_dir)
     registry = CandidateRegistry(data_dir, view.scenario)
-    head: Release | None = ReleaseChain.for_data_dir(data_dir, view.scenario, artifacts=store).head()
+    head: Release | None = open_chain(data_dir, view.scenario, artifacts=store).head()
     try:
         if head is None:
             head = first_head(data_dir, view, base_model, store)
-        r0 = ReleaseChain.for_data_dir(data_dir, view.scenario).releases()[0]
+        r0 = open_chain(data_dir, view.scenario).releases()[0]
         if engine is not None and not engine_holds_base(data_dir, r0.content_id):
             engine = None
         suite = suite_for(view.scenario, engine.base_url if engine else None, engine.model if engine else None)

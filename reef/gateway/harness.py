@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from reef.core.paths import DataDir
 from reef.gateway.state import GatewayState
 from reef.gateway.wire.errors import ReefError
 from reef.registry.artifacts import ArtifactError, ArtifactStore
-from reef.registry.chain import CHAIN_FILE, ReleaseNotFoundError
+from reef.registry.chain import ReleaseNotFoundError
 from reef.registry.harness import Harness, inject, load_harness
 from reef.registry.schema import Release
 
@@ -45,7 +44,7 @@ def release(st: GatewayState, scenario: str, release_id: str | None) -> Release 
     with no harness): a GET never creates a chain."""
     if st.publisher is None or st.publisher.disabled:
         raise ReefError(503, "releases are not available on this server", code="releases_unavailable")
-    if not (DataDir(st.config.data_dir).releases(scenario) / CHAIN_FILE).is_file():
+    if not st.publisher.state.has_chain(scenario):
         if release_id in (None, f"{scenario}@r0"):
             return None
         raise ReefError(404, f"no release {release_id} in scenario {scenario}", param="release_id", code="not_found")

@@ -37,13 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from reef.config import ServeConfig
 from reef.config.serve import HarnessRungSettings
-from reef.core.paths import DataDir
 from reef.learn.plan import RoundPlan, Thresholds, plan_round
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.candidates import CandidateRegistry
-from reef.registry.chain import CHAIN_FILE, ReleaseChain
 from reef.registry.harness import SHOTS_FILE, load_harness
 from reef.registry.schema import release_name
+from reef.registry.state import ReleaseState
 from reef.scenario.schema import RecipeSpec
 
 if TYPE_CHECKING:
@@ -62,10 +61,11 @@ def harness_reason(counts: dict[str, int], thresholds: Thresholds, min_rewarded:
 def head_shows_examples(data_dir: Path, scenario: str) -> tuple[str, bool]:
     """(the head release id, whether its harness holds few-shot examples). Before the scenario's first
     release, its r0 (the base model, no harness): what the first gate makes it."""
-    if not (DataDir(data_dir).releases(scenario) / CHAIN_FILE).is_file():
+    state = ReleaseState(data_dir)
+    if not state.has_chain(scenario):
         return release_name(scenario, 0), False
     store = ArtifactStore.for_data_dir(data_dir)
-    head = ReleaseChain.for_data_dir(data_dir, scenario, artifacts=store).head()
+    head = state.chain(scenario, artifacts=store).head()
     if head is None:
         return release_name(scenario, 0), False
     if head.harness_id is None:

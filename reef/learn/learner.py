@@ -461,9 +461,9 @@ class Learner:
 
     def _on_chain(self, scenario: str, candidate_id: str) -> str | None:
         """The release that published this candidate, if one did (a kill after the chain append)."""
-        from reef.registry.chain import ReleaseChain
+        from reef.registry.state import open_chain
 
-        return next((r.release_id for r in ReleaseChain.for_data_dir(self.data_dir, scenario).releases()
+        return next((r.release_id for r in open_chain(self.data_dir, scenario).releases()
                      if r.content_id == candidate_id and r.operation == "train"), None)
 
     def _maybe_release(self, state: ScenarioLearner, candidate_id: str) -> str | None:

@@ -40,9 +40,9 @@ from reef.recipe.snapshot import EmptySnapshotError, Snapshot
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.base_model import base_of, ensure_scenario
 from reef.registry.candidates import GateResult, register_candidate
-from reef.registry.chain import ReleaseChain
 from reef.registry.harness import Harness, load_harness
 from reef.registry.schema import Candidate
+from reef.registry.state import open_chain
 from reef.sampling.engine import EngineEndpoint
 
 
@@ -74,7 +74,7 @@ def from_head(plan: RoundPlan) -> RoundPlan:
 
 def served_harness(data_dir: Path | str, recipe: Recipe) -> Harness | None:
     """The head's harness where the gateway injects it into served prompts (`harness.inject` not off)."""
-    head = ReleaseChain.for_data_dir(data_dir, recipe.config.scenario).head()
+    head = open_chain(data_dir, recipe.config.scenario).head()
     if head is None or head.harness_id is None or recipe.scenario().harness.inject == "off":
         return None
     return load_harness(ArtifactStore.for_data_dir(data_dir), head.harness_id)

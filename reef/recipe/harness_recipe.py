@@ -41,7 +41,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.core.durable import replace_dir
-from reef.core.paths import CANDIDATE_FILE, DataDir
+from reef.core.paths import CANDIDATE_FILE
 from reef.recipe import ledger
 from reef.recipe.base import DEFAULT_CANDIDATES, Recipe, _versions, git_commit
 from reef.recipe.config import RecipeConfig
@@ -138,14 +138,15 @@ class HarnessConfig(RecipeConfig):
 def head_harness(snapshot: Snapshot) -> tuple[str | None, dict[str, str]]:
     """(content id, files) of the harness the snapshot's head release served; (None, {}) for none."""
     from reef.registry.artifacts import ArtifactStore
-    from reef.registry.chain import CHAIN_FILE, ReleaseChain
     from reef.registry.harness import load_harness
+    from reef.registry.state import ReleaseState
 
     data_dir = snapshot.data_dir
-    if not (DataDir(data_dir).releases(snapshot.scenario) / CHAIN_FILE).is_file():
+    state = ReleaseState(data_dir)
+    if not state.has_chain(snapshot.scenario):
         return None, {}
     store = ArtifactStore.for_data_dir(data_dir)
-    release = ReleaseChain.for_data_dir(data_dir, snapshot.scenario, artifacts=store).get(snapshot.head_release)
+    release = state.chain(snapshot.scenario, artifacts=store).get(snapshot.head_release)
     if release.harness_id is None:
         return None, {}
     return release.harness_id, dict(load_harness(store, release.harness_id).files)

@@ -10,6 +10,9 @@ approved by whom, and what came before).
     cand = store.import_candidate("data/candidates/sentiment/<id>")
     r1 = chain.publish(r0.release_id, cand.content_id, cand.kind, "train", lineage=cand.lineage)
     path = store.verify(chain.head().content_id)   # refuses a file that does not match its manifest
+
+Both chain backends, files (`ReleaseChain`) and PostgreSQL (`reef.registry.chain_pg.PgChain`, serve.yaml
+`state.url`), are a `Chain`; `reef.registry.state.open_chain(data_dir, scenario, url)` picks one.
 """
 
 from reef.registry.artifacts import (
@@ -20,6 +23,7 @@ from reef.registry.artifacts import (
     content_id_of,
 )
 from reef.registry.chain import (
+    Chain,
     ChainCorruptError,
     HeadMovedError,
     ReleaseChain,
@@ -39,6 +43,6 @@ from reef.registry.schema import (
 
 __all__ = [
     "ArtifactError", "ArtifactFile", "ArtifactManifest", "ArtifactNotFoundError", "ArtifactStore", "Candidate",
-    "ChainCorruptError", "CorruptArtifactError", "HeadMovedError", "Lineage", "Release", "ReleaseChain",
+    "Chain", "ChainCorruptError", "CorruptArtifactError", "HeadMovedError", "Lineage", "Release", "ReleaseChain",
     "ReleaseError", "ReleaseNotFoundError", "Routing", "RoutingArm", "content_id_of", "release_name",
 ]

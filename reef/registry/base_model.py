@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from reef.registry.artifacts import ArtifactError, ArtifactStore
-from reef.registry.chain import ReleaseChain
+from reef.registry.chain_api import Chain
 from reef.registry.schema import ArtifactManifest, Release
+from reef.registry.state import open_chain
 
 
 def local_model_dir(model: str) -> Path:
@@ -31,11 +32,12 @@ def import_base_model(store: ArtifactStore, model: str) -> ArtifactManifest:
     return store.import_base(local_model_dir(model), link=True)
 
 
-def ensure_scenario(data_dir: Path | str, scenario: str, model: str,
-                    store: ArtifactStore | None = None) -> tuple[ReleaseChain, Release]:
-    """The scenario's chain and its r0, created from `model` on first use."""
+def ensure_scenario(data_dir: Path | str, scenario: str, model: str, store: ArtifactStore | None = None,
+                    state_url: str | None = None) -> tuple[Chain, Release]:
+    """The scenario's chain (in files, or in PostgreSQL at `state_url`) and its r0, created from
+    `model` on first use."""
     store = store or ArtifactStore.for_data_dir(data_dir)
-    chain = ReleaseChain.for_data_dir(data_dir, scenario, artifacts=store)
+    chain = open_chain(data_dir, scenario, state_url, artifacts=store)
     releases = chain.releases()
     r0 = releases[0] if releases else None
     if r0 is None:

@@ -27,7 +27,7 @@ from reef.config import ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.hold import EngineHold
 from reef.registry.candidates import CandidateRegistry
-from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseChain, ReleaseError
+from reef.registry.chain_api import Chain, HeadMovedError, NotSelectedError, ReleaseError
 from reef.registry.schema import Release
 from reef.serving.canary import Canaries, Canary, CanaryLog, CanaryState, recount
 from reef.serving.routing import Routes
@@ -47,7 +47,7 @@ class Releases(Protocol):
     hold: EngineHold
     lock: asyncio.Lock
 
-    def chain(self, scenario: str) -> ReleaseChain: ...
+    def chain(self, scenario: str) -> Chain: ...
 
     async def release(self, scenario: str, candidate_id: str, expected_parent: str,
                       approved_by: str | None = None, operation: str = "train",

@@ -31,14 +31,14 @@ from typing import Any, cast
 
 from reef.config import ServeConfig
 from reef.core.crashpoints import crash_point
-from reef.core.paths import DataDir
 from reef.engine.hold import EngineHold
 from reef.engine.weights import EngineWeights, EngineWeightsError
 from reef.registry.artifacts import ArtifactError, ArtifactStore
 from reef.registry.base_model import ensure_scenario, import_base_model
 from reef.registry.candidates import CandidateRegistry, CandidateStateError, CandidateView
-from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseChain, ReleaseError, StaleGateError
+from reef.registry.chain_api import Chain, HeadMovedError, NotSelectedError, ReleaseError, StaleGateError
 from reef.registry.schema import Release, Routing
+from reef.registry.state import ReleaseState
 from reef.serving.adapters import AdapterSlots
 from reef.serving.canary import Canaries
 from reef.serving.canary_control import CanaryController
@@ -46,6 +46,10 @@ from reef.serving.routing import CanarySplit, Route, Routes
 from reef.serving.swap import EngineConflictError, SwapFailedError, Swapper, Undo
 
 log = logging.getLogger("reef.registry")
+
+# A head released through another gateway that this one failed to serve is tried again after this
+# long (or at once when the head moves on), not on every poll.
+FOLLOW_RETRY_S = 60.0
 
 __all__ = ["EngineConflictError", "NotSelectedError", "Publisher", "StaleGateError", "SwapFailedError"]
 
@@ -65,6 +69,7 @@ class Publisher:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.store = ArtifactStore.for_data_dir(self.data_dir)
+        self.state = ReleaseState(self.data_dir, config.state.url)  # where the chains live
         self.routes = routes
         self.hold = hold
         self.weights = weights
@@ -80,7 +85,8 @@ class Publisher:
         self.disabled: str | None = None
         self.swapped_at: dict[str, float] = {}
         self.lock = asyncio.Lock()  # one swap at a time: releases, rollbacks, canaries
-        self._chains: dict[str, ReleaseChain] = {}
+        self._chains: dict[str, Chain] = {}
+        self._follow_failed: dict[str, tuple[str, float]] = {}  # scenario -> (head it could not serve, when)
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -131,11 +137,9 @@ class Publisher:
         one; the engine holds only the base (it just started)."""
         if self.disabled or self.base_content is None:
             return
-        scenarios = sorted({p.parent.name for p in DataDir(self.data_dir).releases().glob("*/chain.jsonl")}
-                           | set(self.config.scenarios))
+        scenarios = sorted(set(await asyncio.to_thread(self.state.scenarios)) | set(self.config.scenarios))
         for scenario in scenarios:
-            chain, r0 = await asyncio.to_thread(ensure_scenario, self.data_dir, scenario, self.config.model_path,
-                                                self.store)
+            chain, r0 = await asyncio.to_thread(self._ensure_scenario, scenario)
             if r0.content_id != self.base_content:
                 self.errors[scenario] = (f"{r0.release_id} is base {r0.content_id[:12]}, but this server runs "
                                          f"{self.base_content[:12]} ({self.config.model_path})")
@@ -158,6 +162,41 @@ class Publisher:
                     self.routes.set(scenario, Route(self.config.model_name, r0.release_id, r0.content_id, "full"))
                 finally:
                     self.hold.open()
+
+    async def follow(self, scenario: str) -> Release | None:
+        """Serve the head another gateway on the same state database released (reef.serving.follow):
+        its content and split loaded and proved here too, then the route switched; None when this
+        gateway serves the head already, or cannot serve it (then the previous release keeps serving
+        and `GET /reef/status` shows why)."""
+        if self.disabled or self.base_content is None:
+            return None
+        chain = await asyncio.to_thread(self.chain, scenario)
+        async with self.lock:  # never between another swap's load and its route switch
+            head = await asyncio.to_thread(chain.head)
+            current = self.routes.for_scenario(scenario)
+            if head is None or head.release_id == current.release_id:
+                return None
+            failed = self._follow_failed.get(scenario)
+            if failed is not None and failed[0] == head.release_id and time.monotonic() - failed[1] < FOLLOW_RETRY_S:
+                return None  # not a load every poll for a head this engine refused
+            try:
+                if (head.content_id, head.kind) == (current.content_id, current.kind):
+                    model = current.model
+                else:
+                    model, _ = await self._load(scenario, head.content_id, head.kind)
+                self.routes.set(scenario, self._route(head, model, await self._load_split(scenario, head)))
+            except ReleaseError as exc:
+                self.errors[scenario] = f"could not serve {head.release_id}, released through another gateway: {exc}"
+                log.error("%s: %s", scenario, self.errors[scenario])
+                self._follow_failed[scenario] = (head.release_id, time.monotonic())
+                return None
+            finally:
+                self.hold.open()
+            self.swapped_at[scenario] = time.time()
+            self.errors.pop(scenario, None)
+        await asyncio.to_thread(self.state.write_head_file, scenario, head.release_id)
+        log.info("%s: %s serves (released through another gateway)", scenario, head.release_id)
+        return head
 
     async def _load_split(self, scenario: str, release: Release) -> str | None:
         """The engine name of `release`'s candidate arm, loaded; None without a split, or when it
@@ -182,7 +221,7 @@ class Publisher:
         return Route(model, release.release_id, release.content_id, release.kind, canary=split,
                      harness_id=release.harness_id)
 
-    def _mark_released(self, scenario: str, chain: ReleaseChain) -> None:
+    def _mark_released(self, scenario: str, chain: Chain) -> None:
         """A kill between a release's chain append and its candidate's `released` event leaves the
         register behind the chain (the truth): catch it up."""
         registry = CandidateRegistry(self.data_dir, scenario)
@@ -206,19 +245,21 @@ class Publisher:
 
     def _new_scenario(self, scenario: str) -> None:
         """A request for a scenario nobody released to: give it a chain whose r0 is the base."""
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(
-            ensure_scenario, self.data_dir, scenario, self.config.model_path, self.store))
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._ensure_scenario, scenario))
         task.add_done_callback(lambda t: _log_failure(t, scenario))
 
     # --- what serves ---------------------------------------------------------------------------
 
-    def chain(self, scenario: str) -> ReleaseChain:
+    def chain(self, scenario: str) -> Chain:
         """The scenario's chain, with its r0 (the base) created if nobody used the scenario yet."""
         chain = self._chains.get(scenario)
         if chain is None:
-            chain, _ = ensure_scenario(self.data_dir, scenario, self.config.model_path, self.store)
+            chain, _ = self._ensure_scenario(scenario)
             self._chains[scenario] = chain
         return chain
+
+    def _ensure_scenario(self, scenario: str) -> tuple[Chain, Release]:
+        return ensure_scenario(self.data_dir, scenario, self.config.model_path, self.store, self.config.state.url)
 
     def serving(self, scenario: str) -> dict[str, Any]:
         route = self.routes.for_scenario(scenario)
@@ -267,7 +308,7 @@ class Publisher:
                                          f"{view.gate.head_release_id}, but {head.release_id} serves other content "
                                          "now: gate it again (reef gate, or reef.gate.evaluate.evaluate_candidate)")
 
-        def commit(chain: ReleaseChain, expected_parent: str) -> Release:
+        def commit(chain: Chain, expected_parent: str) -> Release:
             parent = chain.get(expected_parent)
             chosen = [views[cid] for cid in ids]
             weights = next((v for v in chosen if v.kind != "harness"), None)
@@ -301,7 +342,7 @@ class Publisher:
                        approved_by: str | None = None) -> tuple[Release, dict[str, Any]]:
         target = self.chain(scenario).get(release_id)
 
-        def commit(chain: ReleaseChain, expected_parent: str) -> Release:
+        def commit(chain: Chain, expected_parent: str) -> Release:
             return chain.rollback(release_id, expected_parent, approved_by or "unknown")
 
         split = target.split()
@@ -315,7 +356,7 @@ class Publisher:
         (`split` = (candidate, fraction): a canary starts) or with none (it ends). `expected_parent`
         None: whatever the head is. The canary controller keeps the canary's state in step."""
 
-        def commit(chain: ReleaseChain, expected_parent: str) -> Release:
+        def commit(chain: Chain, expected_parent: str) -> Release:
             parent = chain.get(expected_parent)
             routing = None if split is None else Routing.canary(scenario, parent.content_id, parent.kind, *split)
             return chain.publish(expected_parent, parent.content_id, parent.kind, "route", evaluation=evaluation,
@@ -327,7 +368,7 @@ class Publisher:
         return release
 
     async def _publish(self, scenario: str, content_id: str | None, kind: str | None, expected_parent: str | None,
-                       commit: Callable[[ReleaseChain, str], Release], check: Callable[[], None] | None = None,
+                       commit: Callable[[Chain, str], Release], check: Callable[[], None] | None = None,
                        split: str | None = None, reason: str | None = None) -> tuple[Release, dict[str, Any]]:
         """Load `content_id` (None: the head's weights stay) and the LoRA `split` (a canary arm),
         commit on top of `expected_parent` (None: the head), switch the route. `reason`: why a

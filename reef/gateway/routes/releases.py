@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from reef.core.pg import StateUnavailableError
 from reef.gateway import auth
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire.contract import ADMIN, errors
@@ -90,6 +91,8 @@ def _as_http(exc: Exception) -> ReefError:
         return ReefError(409, str(exc), code="engine_conflict")
     if isinstance(exc, CandidateNotFoundError | ReleaseNotFoundError):
         return ReefError(404, str(exc), code="not_found")
+    if isinstance(exc, StateUnavailableError):  # state.url's PostgreSQL is away: nothing changed
+        return ReefError(503, f"{exc}; the current release keeps serving", code="state_unavailable")
     if isinstance(exc, SwapFailedError):
         return ReefError(502, f"swap failed, the previous release keeps serving: {exc}", code="swap_failed")
     if isinstance(exc, CandidateError | ReleaseError | ArtifactError):
