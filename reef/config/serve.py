@@ -79,13 +79,34 @@ class EngineConfig(_Strict):
 
 
 class UpstreamConfig(_Strict):
-    """Any OpenAI-compatible server to record in front of, instead of a managed vLLM."""
+    """Any OpenAI-compatible server to record in front of, instead of a managed vLLM; or several
+    (`urls`), balanced with session affinity (reef.gateway.transport.replicas)."""
 
     url: str | None = None
-    api_key: str | None = None
+    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26); "
+                            "with more than one, releases that load weights and the learner are refused "
+                            "until releases reach every replica as one step")
+    api_key: str | None = Field(default=None, description="sent to every replica")
     token_ids: Literal["auto", "on", "off"] = Field(
         default="auto", description="ask for vLLM's return_token_ids; auto: if GET /v1/models says vLLM serves"
     )
+    health_interval_s: float = Field(default=1.0, gt=0, description="with several urls: how often a replica "
+                                     "that failed is probed (GET /health) until it serves again")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> UpstreamConfig:
+        if self.url and self.urls and self.urls != [self.url]:
+            raise ValueError("set url (one server) or urls (several), not both")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError("urls names a replica twice")
+        if len(self.urls) == 1:  # one replica is the one-upstream setup every code path knows
+            self.url = self.urls[0]
+        return self
+
+    @property
+    def replica_urls(self) -> list[str]:
+        """Every upstream replica; empty: Reef starts its own engine."""
+        return self.urls or ([self.url] if self.url else [])
 
 
 class StoreConfig(_Strict):
@@ -303,6 +324,15 @@ class ServeConfig(_Strict):
     recipes: dict[str, RecipeSpec] = Field(default_factory=dict, description="named recipe settings")
     scenarios: dict[str, Scenario] = Field(default_factory=dict, description="scenario declarations")
     _file: Path | None = PrivateAttr(default=None)  # the file this config was read from
+
+    @model_validator(mode="after")
+    def _replicas_without_learner(self) -> ServeConfig:
+        # The learner releases weights into one engine; several replicas must all get a release
+        # before the head moves (issue 26 part 2, not built): refused rather than served mixed.
+        if len(self.upstream.replica_urls) > 1 and self.learner.enabled:
+            raise ValueError("learner.enabled with several upstream.urls: releases that load weights do not "
+                             "reach every replica yet; run the learner on a gateway with one upstream")
+        return self
 
     @property
     def config_file(self) -> Path | None:
