@@ -60,7 +60,7 @@ class Replica:
     url: str
     upstream: Upstream
     healthy: bool = True
-    requests: int = 0  # calls it answered (errors included)
+    requests: int = 0  # chat calls sent to it, failed ones included
     failures: int = 0  # calls it failed: no connection, dropped, 502/503/504, a stream cut
     down_since: float | None = None
     last_error: str | None = None
@@ -69,10 +69,11 @@ class Replica:
     def name(self) -> str:
         return label(self.url)
 
-    def failed(self, reason: str) -> None:
+    def failed(self, reason: str, others: bool) -> None:
+        """Counted; taken out only when there are `others` (the one engine is never skipped)."""
         self.failures += 1
         self.last_error = reason
-        if self.healthy:
+        if self.healthy and others:
             self.healthy, self.down_since = False, time.monotonic()
             log.warning("replica %s is down (%s): its calls go to the others", self.name, reason)
 
@@ -174,9 +175,9 @@ class Replicas:
         if isinstance(exc, UpstreamError):
             if exc.status not in _DOWN_STATUS:
                 return False  # the engine's answer to this request: the client gets it
-            replica.failed(f"answered {exc.status}")
+            replica.failed(f"answered {exc.status}", self.several)
         else:
-            replica.failed(exc.message)
+            replica.failed(exc.message, self.several)
             if exc.timed_out:
                 return False
         return not last
@@ -188,7 +189,7 @@ class Replicas:
                 yield batch
         except _FAILED as exc:
             self.cut_streams += 1
-            replica.failed(f"a stream was cut: {exc or type(exc).__name__}")
+            replica.failed(f"a stream was cut: {exc or type(exc).__name__}", self.several)
             error = {"error": {"message": "the model server failed mid-stream (it dropped the connection)",
                                "type": "api_error", "code": "engine_unavailable"}}
             yield [b"data: " + orjson.dumps(error), b"data: [DONE]"]
@@ -203,7 +204,7 @@ class Replicas:
                     return await replica.upstream.get(path)
                 return await replica.upstream.post(path, body)
             except EngineUnavailable as exc:
-                replica.failed(exc.message)
+                replica.failed(exc.message, self.several)
                 if i == len(order) - 1 or exc.timed_out:
                     raise
         raise AssertionError("unreachable")
@@ -215,8 +216,11 @@ class Replicas:
         return await self._any("POST", path, body)
 
     async def probe_token_ids(self, setting: str) -> bool:
-        """Asked of each replica: records say token ids only when every replica returns them."""
-        found = [await r.upstream.probe_token_ids(setting) for r in self.members]
+        """Asked of each replica that answers (one that is down at start must not turn token ids off
+        for all): records hold token ids only when every one of them returns them."""
+        up = [r for r, ok in zip(self.members, await asyncio.gather(*(r.upstream.healthy() for r in self.members)),
+                                 strict=True) if ok or setting != "auto"]
+        found = [await r.upstream.probe_token_ids(setting) for r in up or self.members[:1]]
         for replica in self.members:
             replica.upstream.token_ids = all(found)
         return all(found)
@@ -227,9 +231,8 @@ class Replicas:
         for replica, ok in zip(self.members, states, strict=True):
             if ok:
                 replica.recovered()
-            elif self.several:
-                if replica.healthy:
-                    replica.failed("/health did not answer 200")
+            elif replica.healthy and self.several:
+                replica.failed("/health did not answer 200", True)
         return any(states)
 
     async def watch(self, interval_s: float = 1.0) -> None:
