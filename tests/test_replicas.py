@@ -21,11 +21,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from aiohttp import web
 
 from reef.config import ConfigError, resolve
 from reef.engine.hold import EngineHold
 from reef.engine.supervisor import free_port
 from reef.gateway.transport.replicas import Replicas, affinity_key, label
+from reef.gateway.transport.upstream import UpstreamError
 from reef.serve_process import ServeProcess
 from reef.serving.canary import Canaries
 from reef.serving.publisher import Publisher, SwapFailedError
@@ -138,14 +140,15 @@ def test_kill_one_replica_under_load(setup: tuple[Pair, ServeProcess]) -> None:
         time.sleep(1.0)
         killed_at = time.monotonic()
         pair.kill("a")
-        time.sleep(1.5)
+        time.sleep(2.0)
     finally:
         stop.set()
         for t in threads:
             t.join(30)
     assert not failures, f"{len(failures)} JSON calls failed: {failures[:3]}"
-    assert {r for r, _, _ in answers if _ < killed_at - 0.2} == {"a", "b"}, "both served before the kill"
-    after = [r for r, _, at in answers if at > killed_at + 0.3]
+    assert {r for r, _, at in answers if at < killed_at - 0.2} == {"a", "b"}, "both served before the kill"
+    # A margin for a thread of this loaded machine that got its answer from `a` just before the kill.
+    after = [r for r, _, at in answers if at > killed_at + 1.0]
     assert after and set(after) == {"b"}, Counter(after)
     rows = _replicas(gw)
     assert rows[label(pair.url("a"))]["healthy"] is False and rows[label(pair.url("a"))]["failures"] >= 1
@@ -223,3 +226,53 @@ def test_weight_release_refused_with_several_replicas(tmp_path: Path) -> None:
     publisher.unmanaged = "balances 2 upstream replicas"
     with pytest.raises(SwapFailedError, match="balances 2 upstream replicas"):
         asyncio.run(publisher._load("s", "0" * 64, "lora"))
+
+
+def test_busy_replica_is_passed_over_and_an_engine_error_is_not() -> None:
+    """502/503/504 take a replica out and the call goes on; a 500 is the engine's answer to the call."""
+
+    async def run() -> None:
+        statuses = {"busy": 503, "broken": 500}
+        runners = []
+        urls = {}
+        for name, status in statuses.items():
+            async def chat(_: web.Request, status: int = status) -> web.Response:
+                return web.json_response({"error": {"message": "no"}}, status=status)
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", chat)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            port = free_port()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            runners.append(runner)
+            urls[name] = f"http://127.0.0.1:{port}"
+        ok_port = free_port()
+
+        async def answer(_: web.Request) -> web.Response:
+            return web.json_response({"choices": []})
+
+        ok = web.Application()
+        ok.router.add_post("/v1/chat/completions", answer)
+        ok_runner = web.AppRunner(ok)
+        await ok_runner.setup()
+        await web.TCPSite(ok_runner, "127.0.0.1", ok_port).start()
+        runners.append(ok_runner)
+        try:
+            replicas = Replicas([urls["busy"], f"http://127.0.0.1:{ok_port}"])
+            for i in range(6):
+                replica, content = await replicas.chat({"model": "m", "messages": []}, f"k{i}")
+                assert replica == f"http://127.0.0.1:{ok_port}" and content == b'{"choices": []}'
+            busy = replicas.members[0]
+            assert not busy.healthy and busy.failures >= 1 and busy.last_error == "answered 503"
+            await replicas.aclose()
+            replicas = Replicas([urls["broken"], f"http://127.0.0.1:{ok_port}"])
+            replicas.members[1].healthy = False  # so the call goes to `broken` first
+            with pytest.raises(UpstreamError):
+                await replicas.chat({"model": "m", "messages": []}, "k")
+            assert replicas.members[0].healthy, "a 500 leaves its replica in"
+            await replicas.aclose()
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(run())
