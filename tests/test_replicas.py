@@ -137,7 +137,8 @@ def test_kill_one_replica_under_load(setup: tuple[Pair, ServeProcess]) -> None:
     for t in threads:
         t.start()
     try:
-        time.sleep(1.0)
+        wait_for(lambda: {r for r, _, _ in answers} == {"a", "b"} or failures, timeout=30)  # both under load
+        time.sleep(0.3)
         killed_at = time.monotonic()
         pair.kill("a")
         time.sleep(2.0)
@@ -146,7 +147,6 @@ def test_kill_one_replica_under_load(setup: tuple[Pair, ServeProcess]) -> None:
         for t in threads:
             t.join(30)
     assert not failures, f"{len(failures)} JSON calls failed: {failures[:3]}"
-    assert {r for r, _, at in answers if at < killed_at - 0.2} == {"a", "b"}, "both served before the kill"
     # A margin for a thread of this loaded machine that got its answer from `a` just before the kill.
     after = [r for r, _, at in answers if at > killed_at + 1.0]
     assert after and set(after) == {"b"}, Counter(after)
@@ -210,7 +210,7 @@ def test_rendezvous_moves_only_the_missing_replicas_keys() -> None:
 
 def test_several_replicas_refuse_what_is_not_multi_replica_yet() -> None:
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    with pytest.raises(ConfigError, match="learner.enabled with several upstream.urls"):
+    with pytest.raises(ConfigError, match="learner.enabled: the learner"):
         resolve({"upstream.urls": urls, "learner.enabled": True}, environ={})
     with pytest.raises(ConfigError, match="not both"):
         resolve({"upstream.urls": urls, "upstream.url": "http://127.0.0.1:3"}, environ={})

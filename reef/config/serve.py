@@ -325,15 +325,6 @@ class ServeConfig(_Strict):
     scenarios: dict[str, Scenario] = Field(default_factory=dict, description="scenario declarations")
     _file: Path | None = PrivateAttr(default=None)  # the file this config was read from
 
-    @model_validator(mode="after")
-    def _replicas_without_learner(self) -> ServeConfig:
-        # The learner releases weights into one engine; several replicas must all get a release
-        # before the head moves (issue 26 part 2, not built): refused rather than served mixed.
-        if len(self.upstream.replica_urls) > 1 and self.learner.enabled:
-            raise ValueError("learner.enabled with several upstream.urls: releases that load weights do not "
-                             "reach every replica yet; run the learner on a gateway with one upstream")
-        return self
-
     @property
     def config_file(self) -> Path | None:
         return self._file
@@ -441,6 +432,7 @@ def resolve(
         config._file = Path(config_file).resolve()
         _anchor(config, config._file.parent)
     _check_recipes(config)
+    _check_replicas(config)
     resolved = _flatten(config.model_dump(mode="json"))
     return config, {key: sources.get(key, "default") for key in resolved}
 
@@ -472,6 +464,14 @@ def _check_recipes(config: ServeConfig) -> None:
         if problem:
             known = f"; recipes: declares {sorted(config.recipes)}" if config.recipes else ""
             raise ConfigError(f"invalid config: scenarios.{name}.recipe: {problem}{known}")
+
+
+def _check_replicas(config: ServeConfig) -> None:
+    """The learner releases weights into one engine; several replicas must all get a release before
+    the head moves (issue 26 part 2, not built): refused rather than served by a mix of releases."""
+    if len(config.upstream.replica_urls) > 1 and config.learner.enabled:
+        raise ConfigError("invalid config: learner.enabled: the learner's releases load weights, which do not "
+                          "reach every one of several upstream.urls yet; run it on a gateway with one upstream")
 
 
 def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:

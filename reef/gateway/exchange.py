@@ -173,11 +173,11 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
         dialect=dialect, params=params,
     )
     # The session the client named, else the conversation's opening: its turns share an engine's prefix cache.
-    key = affinity_key(session_header, body["messages"], prefixes)
+    key = affinity_key(session_header, body["messages"], prefixes) if st.upstream.several else None
     return await _send(st, ex, started, key)
 
 
-async def _send(st: GatewayState, ex: Exchange, started: float, key: str) -> Served:
+async def _send(st: GatewayState, ex: Exchange, started: float, key: str | None) -> Served:
     """Send the call on the route it picks, and record it (a stream: once it has ended)."""
     # From picking a route until the engine has the request, a full-weight swap must wait for this
     # request (EngineHold): it then runs entirely on the weights of the release it records.
@@ -257,7 +257,8 @@ async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], 
         up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids,
                                           st.config.limits.default_max_tokens)
         served = Served(None, pick.release_id, client_model, wants)
-        key = affinity_key(request.headers.get(h.SESSION), body["messages"], prefix_hashes(body["messages"]))
+        key = (affinity_key(request.headers.get(h.SESSION), body["messages"], prefix_hashes(body["messages"]))
+               if st.upstream.several else None)
         try:
             if body.get("stream"):
                 _, batches = await st.upstream.stream_chat(up_body, key)
