@@ -24,7 +24,7 @@ from reef.experience.store import ExperienceStore
 from reef.gateway.app import create_server_app
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
-from reef.gateway.transport.upstream import Upstream
+from reef.gateway.transport.replicas import Replicas
 from reef.learn.learner import Learner, LearnerConfigError, scenario_plans
 from reef.registry.state import STATE_URL_ENV
 from reef.serving.follow import follow_heads
@@ -86,23 +86,31 @@ def serve(config: ServeConfig) -> None:
         except LearnerConfigError as exc:
             raise ConfigError(f"invalid config: {exc}") from exc
     try:
-        if config.upstream.url:
-            base_url = config.upstream.url
+        urls = config.upstream.replica_urls
+        if urls:
+            base_url = urls[0]
         else:
             ensure_default_model(config)
             engine = EngineSupervisor(config, DataDir(data_dir).logs / "vllm.log")
             log.info("starting vLLM for %s", config.model_path)
             base_url = engine.start()
             log.info("vLLM healthy at %s after %.1f s", base_url, engine.startup_s or 0)
+            urls = [base_url]
         store.open()
         state = GatewayState(
             config=config, store=store, engine=engine,
-            upstream=Upstream(base_url, config.upstream.api_key, config.request_timeout_s),
+            upstream=Replicas(urls, config.upstream.api_key, config.request_timeout_s),
             routes=Routes(config.model_name),
         )
         # Weights go straight to the engine (vLLM's own endpoints), not through the gateway's routes.
-        state.publisher = Publisher(config, state.routes, state.hold, EngineWeights(base_url, config.upstream.api_key),
-                                    state.canaries)
+        # Several replicas: none, until a release reaches every replica as one step (issue 26 part 2);
+        # releases that only route or change the harness are the gateway's own and still work.
+        several = len(urls) > 1
+        weights = None if several else EngineWeights(base_url, config.upstream.api_key)
+        state.publisher = Publisher(config, state.routes, state.hold, weights, state.canaries)
+        if several:
+            state.publisher.unmanaged = (f"this server balances {len(urls)} upstream replicas, and releases that "
+                                         "load weights do not reach every replica as one step yet (issue 26)")
         if plans is not None:
             # The gate generates with the engine itself (vLLM), never through the recording gateway.
             learner = state.learner = Learner(config, plans, engine_url=base_url, engine_model=config.model_name,
@@ -155,11 +163,15 @@ async def _nothing() -> None:
 async def _run(server: uvicorn.Server, state: GatewayState) -> None:
     supervision: asyncio.Task[None] | None = None
     following: asyncio.Task[None] | None = None
+    probing: asyncio.Task[None] | None = None
     try:
         if state.engine is None:  # a server Reef did not start: does it return token ids?
             if not await state.upstream.probe_token_ids(state.config.upstream.token_ids):
                 log.warning("%s returns no token ids: records hold text only, and recipes that train on "
                             "recorded ids skip them", state.upstream.base_url)
+        if state.upstream.several:  # a replica that failed serves again once its /health answers
+            probing = asyncio.get_running_loop().create_task(
+                state.upstream.watch(state.config.upstream.health_interval_s))
         if state.publisher is not None:
             await state.publisher.start()  # each scenario's head serves before the first request
             if state.publisher.state.shared:  # other gateways release too: serve their heads
@@ -172,7 +184,7 @@ async def _run(server: uvicorn.Server, state: GatewayState) -> None:
             supervision = asyncio.get_running_loop().create_task(state.engine.supervise(recovered))
         await server.serve()
     finally:
-        for task in (supervision, following):
+        for task in (supervision, following, probing):
             if task is not None:
                 task.cancel()
         await state.upstream.aclose()

@@ -79,13 +79,34 @@ class EngineConfig(_Strict):
 
 
 class UpstreamConfig(_Strict):
-    """Any OpenAI-compatible server to record in front of, instead of a managed vLLM."""
+    """Any OpenAI-compatible server to record in front of, instead of a managed vLLM; or several
+    (`urls`), balanced with session affinity (reef.gateway.transport.replicas)."""
 
     url: str | None = None
-    api_key: str | None = None
+    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26); "
+                            "with more than one, releases that load weights and the learner are refused "
+                            "until releases reach every replica as one step")
+    api_key: str | None = Field(default=None, description="sent to every replica")
     token_ids: Literal["auto", "on", "off"] = Field(
         default="auto", description="ask for vLLM's return_token_ids; auto: if GET /v1/models says vLLM serves"
     )
+    health_interval_s: float = Field(default=1.0, gt=0, description="with several urls: how often a replica "
+                                     "that failed is probed (GET /health) until it serves again")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> UpstreamConfig:
+        if self.url and self.urls and self.urls != [self.url]:
+            raise ValueError("set url (one server) or urls (several), not both")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError("urls names a replica twice")
+        if len(self.urls) == 1:  # one replica is the one-upstream setup every code path knows
+            self.url = self.urls[0]
+        return self
+
+    @property
+    def replica_urls(self) -> list[str]:
+        """Every upstream replica; empty: Reef starts its own engine."""
+        return self.urls or ([self.url] if self.url else [])
 
 
 class StoreConfig(_Strict):
@@ -411,6 +432,7 @@ def resolve(
         config._file = Path(config_file).resolve()
         _anchor(config, config._file.parent)
     _check_recipes(config)
+    _check_replicas(config)
     resolved = _flatten(config.model_dump(mode="json"))
     return config, {key: sources.get(key, "default") for key in resolved}
 
@@ -442,6 +464,14 @@ def _check_recipes(config: ServeConfig) -> None:
         if problem:
             known = f"; recipes: declares {sorted(config.recipes)}" if config.recipes else ""
             raise ConfigError(f"invalid config: scenarios.{name}.recipe: {problem}{known}")
+
+
+def _check_replicas(config: ServeConfig) -> None:
+    """The learner releases weights into one engine; several replicas must all get a release before
+    the head moves (issue 26 part 2, not built): refused rather than served by a mix of releases."""
+    if len(config.upstream.replica_urls) > 1 and config.learner.enabled:
+        raise ConfigError("invalid config: learner.enabled: the learner's releases load weights, which do not "
+                          "reach every one of several upstream.urls yet; run it on a gateway with one upstream")
 
 
 def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:

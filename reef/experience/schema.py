@@ -116,6 +116,9 @@ class Record(BaseModel):
         return True if value is None else value  # shards from before it: always vLLM, always ids
     # The harness content id the gateway applied (null: none; shards from before the column read null).
     harness_id: str | None = None
+    # The upstream replica that served the call (`upstream.urls`, its URL without credentials); null
+    # with one engine, and in shards from before the column.
+    replica: str | None = None
     input_tokens: int = Field(default=0, alias="gen_ai.usage.input_tokens")
     output_tokens: int = Field(default=0, alias="gen_ai.usage.output_tokens")
     latency_ms: float = 0.0
@@ -224,6 +227,7 @@ RECORD_FEATURES = datasets.Features(
         "prompt_token_ids": datasets.List(datasets.Value("int32")),
         "has_token_ids": datasets.Value("bool"),
         "harness_id": datasets.Value("string"),
+        "replica": datasets.Value("string"),
         "gen_ai.usage.input_tokens": datasets.Value("int64"),
         "gen_ai.usage.output_tokens": datasets.Value("int64"),
         "latency_ms": datasets.Value("float64"),

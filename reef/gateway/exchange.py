@@ -30,6 +30,7 @@ from reef.gateway.harness import served_body
 from reef.gateway.recorder import Exchange, record_row
 from reef.gateway.sessions import prefix_hashes
 from reef.gateway.state import GatewayState
+from reef.gateway.transport.replicas import affinity_key
 from reef.gateway.transport.upstream import UpstreamError
 from reef.gateway.wire import headers as h
 from reef.gateway.wire.completion import (
@@ -171,10 +172,12 @@ async def exchange(st: GatewayState, request: Request, body: dict[str, Any], sce
         latency_ms=0.0, ttft_ms=None, has_token_ids=st.upstream.token_ids, prefix_hash=prefixes[-1],
         dialect=dialect, params=params,
     )
-    return await _send(st, ex, started)
+    # The session the client named, else the conversation's opening: its turns share an engine's prefix cache.
+    key = affinity_key(session_header, body["messages"], prefixes) if st.upstream.several else None
+    return await _send(st, ex, started, key)
 
 
-async def _send(st: GatewayState, ex: Exchange, started: float) -> Served:
+async def _send(st: GatewayState, ex: Exchange, started: float, key: str | None) -> Served:
     """Send the call on the route it picks, and record it (a stream: once it has ended)."""
     # From picking a route until the engine has the request, a full-weight swap must wait for this
     # request (EngineHold): it then runs entirely on the weights of the release it records.
@@ -194,7 +197,7 @@ async def _send(st: GatewayState, ex: Exchange, started: float) -> Served:
         st.inflight.begin(ex.record_id, ex.scenario, ex.body_hash)
         try:
             if ex.stream:
-                batches = await st.upstream.stream_chat(up_body)
+                ex.replica, batches = await st.upstream.stream_chat(up_body, key)
                 # vLLM adds a request to its engine when its stream starts: the first chunk proves it.
                 first: list[bytes] = await anext(batches, [])
                 st.hold.exit()
@@ -202,7 +205,7 @@ async def _send(st: GatewayState, ex: Exchange, started: float) -> Served:
                 acc = StreamAccumulator()
                 served.chunks = ChunkStream(_recorded(st, ex, first, batches, wants, started, acc), acc)
                 return served
-            raw = await st.upstream.chat(up_body)
+            ex.replica, raw = await st.upstream.chat(up_body, key)
             st.hold.exit()
             holding = False
             ex.latency_ms = (time.perf_counter() - started) * 1000
@@ -254,14 +257,16 @@ async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], 
         up_body, wants = upstream_request(sent, upstream_model, st.upstream.token_ids,
                                           st.config.limits.default_max_tokens)
         served = Served(None, pick.release_id, client_model, wants)
+        key = (affinity_key(request.headers.get(h.SESSION), body["messages"], prefix_hashes(body["messages"]))
+               if st.upstream.several else None)
         try:
             if body.get("stream"):
-                batches = await st.upstream.stream_chat(up_body)
+                _, batches = await st.upstream.stream_chat(up_body, key)
                 st.hold.exit()
                 holding = False
                 served.chunks = ChunkStream(_passed(batches))
                 return served
-            raw = await st.upstream.chat(up_body)
+            _, raw = await st.upstream.chat(up_body, key)
             st.hold.exit()
             holding = False
             served.completion = Completion(read_response(raw), client_json(raw, wants, client_model))

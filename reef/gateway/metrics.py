@@ -41,6 +41,19 @@ class GatewayMetrics:
         # Read by the learner's rounds, which hold their own engine requests back while users wait
         # (reef.sampling.sharing); set when scraped, so a call costs nothing more.
         self.in_flight = Gauge("reef_requests_in_flight", "Client calls being served now", registry=self.registry)
+        # Each upstream replica (reef.gateway.transport.replicas), set from its counts when scraped.
+        self.replica_healthy = Gauge("reef_replica_healthy", "1 while the upstream replica takes calls", ["replica"],
+                                     registry=self.registry)
+        self.replica_requests = Gauge("reef_replica_requests", "Calls sent to the upstream replica", ["replica"],
+                                      registry=self.registry)
+        self.replica_failures = Gauge("reef_replica_failures", "Calls the upstream replica failed (no connection, "
+                                      "dropped, 502/503/504, a stream cut)", ["replica"], registry=self.registry)
+
+    def replicas(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self.replica_healthy.labels(row["url"]).set(1 if row["healthy"] else 0)
+            self.replica_requests.labels(row["url"]).set(row["requests"])
+            self.replica_failures.labels(row["url"]).set(row["failures"])
 
     def chat(self, scenario: str) -> ChatMetrics:
         """Bound once per scenario (admission caps how many there are): `labels()` takes a lock and

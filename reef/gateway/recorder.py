@@ -114,6 +114,8 @@ class Exchange:
     dialect: str | None = None
     # What of the dialect's request the chat body does not hold (kept as `"reef.request"` in `params_json`).
     params: dict[str, Any] | None = None
+    # The upstream replica that answered (several `upstream.urls`); None: the one engine.
+    replica: str | None = None
 
 
 def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> RecordRow:
@@ -155,6 +157,7 @@ def record_row(ex: Exchange, response: UpstreamResponse, client_json: bytes) -> 
         "prompt_token_ids": response.prompt_token_ids or [],
         "has_token_ids": ex.has_token_ids,
         "harness_id": ex.harness_id,
+        "replica": ex.replica,
         "input_tokens": _count(usage.get("prompt_tokens")),
         "output_tokens": _count(usage.get("completion_tokens")),
         "latency_ms": ex.latency_ms,

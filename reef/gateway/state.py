@@ -13,7 +13,7 @@ from reef.engine.hold import EngineHold
 from reef.gateway.inflight import InFlight
 from reef.gateway.metrics import GatewayMetrics
 from reef.gateway.sessions import SessionIndex
-from reef.gateway.transport.upstream import Upstream
+from reef.gateway.transport.replicas import Replicas
 from reef.serving.canary import Canaries
 from reef.serving.routing import Routes
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class GatewayState:
     config: ServeConfig
     store: ExperienceStore
-    upstream: Upstream
+    upstream: Replicas
     routes: Routes
     engine: EngineSupervisor | None = None
     learner: Learner | None = None

@@ -83,6 +83,9 @@ class Publisher:
         self.base_content: str | None = None
         self.errors: dict[str, str] = {}
         self.disabled: str | None = None
+        # Why weights cannot be loaded when there is no swapper (said by every release that needs them).
+        self.unmanaged = ("this server records in front of an upstream it does not manage: "
+                          "it cannot load weights into it")
         self.swapped_at: dict[str, float] = {}
         self.lock = asyncio.Lock()  # one swap at a time: releases, rollbacks, canaries
         self._chains: dict[str, Chain] = {}
@@ -424,8 +427,7 @@ class Publisher:
     async def _load(self, scenario: str, content_id: str, kind: str) -> tuple[str, Undo]:
         """The swapper's load; a failure is what `GET /reef/status` shows for the scenario."""
         if self.swapper is None:
-            raise SwapFailedError("this server records in front of an upstream it does not manage: "
-                                  "it cannot load weights into it")
+            raise SwapFailedError(self.unmanaged)
         try:
             return await self.swapper.load(scenario, content_id, kind)
         except SwapFailedError as exc:

@@ -50,7 +50,8 @@ async def status(request: Request) -> dict[str, Any]:
             scenarios[name]["serving"] = st.publisher.serving(name)
         st.metrics.unflushed.labels(name).set(scenarios[name]["unflushed_records"])
     engine: dict[str, Any] = st.engine.describe() if st.engine else {"managed": False}
-    engine.update({"url": st.upstream.base_url, "healthy": await st.upstream.healthy()})
+    engine.update({"url": st.upstream.base_url, "healthy": await st.upstream.healthy(),
+                   "replicas": st.upstream.describe(), "cut_streams": st.upstream.cut_streams})
     return {
         "uptime_s": round(time.time() - st.started_at, 3),
         "model": st.config.model_name,
@@ -69,4 +70,5 @@ async def metrics(request: Request) -> Response:
     for name, s in st.store.stats().items():
         st.metrics.unflushed.labels(name).set(s.unflushed_records)
     st.metrics.in_flight.set(len(st.inflight))
+    st.metrics.replicas(st.upstream.describe())
     return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -24,6 +24,10 @@ class ConnectionDropped(ConnectionError):
     """The connection closed, or sent something that is not HTTP, before the response was complete."""
 
 
+class ConnectFailed(ConnectionError):
+    """No connection could be opened: the request never left, so another server may take it."""
+
+
 class Connection(asyncio.Protocol):
     """One keep-alive connection; the parser's callbacks fill in the current response."""
 
@@ -177,10 +181,13 @@ class ConnectionPool:
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
-        transport, conn = await asyncio.wait_for(
-            loop.create_connection(Connection, self._host, self._port, ssl=self._ssl,
-                                   server_hostname=self._host if self._ssl else None),
-            self._connect_timeout_s)
+        try:
+            transport, conn = await asyncio.wait_for(
+                loop.create_connection(Connection, self._host, self._port, ssl=self._ssl,
+                                       server_hostname=self._host if self._ssl else None),
+                self._connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectFailed(f"cannot connect to {self._host}:{self._port}: {exc or type(exc).__name__}") from exc
         conn.transport = transport  # uvloop may return before calling connection_made
         return conn
 

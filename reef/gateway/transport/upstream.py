@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from reef.gateway.transport.http1 import Connection, ConnectionPool
+from reef.gateway.transport.http1 import ConnectFailed, Connection, ConnectionPool
 from reef.gateway.wire.errors import ReefError
 
 _CHAT = "/v1/chat/completions"
@@ -26,11 +26,21 @@ class UpstreamError(Exception):
         self.status, self.body = status, body
 
 
+class EngineUnavailable(ReefError):
+    """503: the server could not be reached, dropped the connection or timed out. `sent`: the request
+    may have reached it (else another replica can take it); `timed_out`: it ran out its time."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.sent = not isinstance(exc, ConnectFailed)
+        self.timed_out = self.sent and isinstance(exc, TimeoutError)
+        # A plain reason, not an exception repr: clients show this message to people.
+        reason = "it timed out" if self.timed_out else "it refused or dropped the connection"
+        super().__init__(503, f"the model server is unavailable ({reason}); retry shortly", code="engine_unavailable",
+                         headers={"Retry-After": "5"})
+
+
 def _unavailable(exc: BaseException) -> ReefError:
-    # A plain reason, not an exception repr: clients show this message to people.
-    reason = "it timed out" if isinstance(exc, TimeoutError) else "it refused or dropped the connection"
-    return ReefError(503, f"the model server is unavailable ({reason}); retry shortly", code="engine_unavailable",
-                     headers={"Retry-After": "5"})
+    return EngineUnavailable(exc)
 
 
 _FAILED = (OSError, TimeoutError)  # refused, reset, dropped (ConnectionDropped), TLS errors; timed out
