@@ -27,7 +27,10 @@ usage: the engine's share of the cost) and one through the gateway per dialect, 
 rotates each round, so drift on a shared machine hits every arm alike. Figures are medians of the
 per-round values (>= 10 rounds: three swung from 0.40 to 2.0 here): the gateway's CPU per request
 (targets: <= 2 ms per stream, JSON <= 1.2x the chat row of the same rounds), the throughput ratio
-gateway / direct (target >= 0.9), the added p50/p99 latency.
+gateway / direct (target >= 0.9), the added p50/p99 latency (those rounds: bench/gateway_vllm.py).
+Last, with the first engine stopped, the stream rows once more against an engine started with
+`--stream-interval 4` (Reef's `engine.stream_interval`: 4 tokens per event), as extra rows named for
+it: not target rows, which stay at the engine's default of one token per event.
 
     .venv/bin/python bench/gateway_overhead.py [--rounds 10] [--requests-per-client 4] [--remark 'a CI run beside it']
     .venv/bin/python bench/gateway_overhead.py --stand-in-only   # the stand-in rows alone, no vLLM needed
