@@ -29,7 +29,7 @@ def test_events_split_across_reads() -> None:
 
 def test_time_to_first_token_counts_a_reply_that_is_only_end_of_turn() -> None:
     """An immediate end-of-turn has no content delta, but it is a generated token all the same."""
-    from reef.gateway.wire.completion import StreamAccumulator
+    from reef.gateway.wire.chunks import StreamAccumulator
 
     acc = StreamAccumulator()
     acc.feed({"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})

@@ -75,6 +75,11 @@ class EngineConfig(_Strict):
     chat_template: str | None = Field(
         default=None, description="vLLM --chat-template (a file or template text); unset: the model's own"
     )
+    stream_interval: int = Field(
+        default=1, ge=1, description="vLLM --stream-interval: tokens per streamed chunk. 1 sends each token as it "
+        "is made; N buffers N per chunk, which cuts the engine's and the gateway's work per token (fewer events "
+        "to parse, record and relay) at the cost of a burstier stream",
+    )
     extra_args: list[str] = Field(default_factory=list, description="passed to vLLM as they are")
 
 

@@ -128,6 +128,8 @@ class EngineSupervisor:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_parser]
         if engine.chat_template:
             cmd += ["--chat-template", engine.chat_template]
+        if engine.stream_interval != 1:
+            cmd += ["--stream-interval", str(engine.stream_interval)]
         if engine.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras)]
         return cmd + list(engine.extra_args)

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import uuid
+from functools import cache
 from pathlib import Path
 
 import orjson
@@ -84,9 +85,16 @@ def shard_path(data_dir: Path, scenario: str, table: str, seq: int) -> Path:
     return table_dir(data_dir, scenario, table) / f"part-{seq:08d}.parquet"
 
 
+@cache
+def arrow_schema(table: str) -> pa.Schema:
+    """The table's arrow schema. `Features.arrow_schema` rebuilds it on every call (a deep walk of
+    the features: some 5 ms, most of the CPU a flush of a few hundred records spent)."""
+    return TABLES[table][1].arrow_schema
+
+
 def scan(source: str, table: str) -> pl.LazyFrame:
     """Shards as one frame in the declared schema: shards written before a column existed read it as null."""
-    schema = pl.from_arrow(TABLES[table][1].arrow_schema.empty_table()).schema  # type: ignore[union-attr]
+    schema = pl.from_arrow(arrow_schema(table).empty_table()).schema  # type: ignore[union-attr]
     return pl.scan_parquet(source, schema=schema, missing_columns="insert")
 
 
@@ -123,8 +131,8 @@ def clean_tmp(data_dir: Path) -> None:
 
 def rows_to_arrow(table: str, rows: list[bytes]) -> pa.Table:
     """Rows (JSON, as the WAL holds them) to an arrow table with the table's exact schema."""
-    model, features = TABLES[table]
-    schema = features.arrow_schema
+    model = TABLES[table][0]
+    schema = arrow_schema(table)
     # Arrow's JSON reader parses in C++ without the GIL, ~4x faster than building Python dicts.
     # A row longer than a block would fail to parse, so blocks are sized to the longest row.
     block = max(1 << 20, max(len(r) for r in rows) + 1)

@@ -26,6 +26,7 @@ from reef.gateway.exchange import ChunkStream, Refused, Served, exchange
 from reef.gateway.sse import EventStream, Last
 from reef.gateway.state import GatewayState
 from reef.gateway.wire import headers as h
+from reef.gateway.wire.chunks import OtherChunk
 from reef.gateway.wire.completion import UpstreamResponse
 from reef.gateway.wire.contract import parse_chat
 from reef.gateway.wire.dialect import ContextOverflow, StreamTranslator, upstream_message
@@ -127,10 +128,10 @@ async def _events(out: StreamTranslator, chunks: ChunkStream, record_id: str | N
         async for batch in chunks:
             events: list[bytes] = []
             for chunk in batch:
-                if "error" in chunk:  # the engine failed mid-stream
+                if isinstance(chunk, OtherChunk) and chunk.failed:  # the engine failed mid-stream
                     failed = True
-                    detail = chunk["error"]
-                    events += out.fail(detail if isinstance(detail, dict) else {"message": str(chunk)})
+                    detail = chunk.source["error"]
+                    events += out.fail(detail if isinstance(detail, dict) else {"message": str(chunk.source)})
                 else:
                     events += out.feed(chunk)
             if events:

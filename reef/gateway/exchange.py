@@ -33,11 +33,10 @@ from reef.gateway.state import GatewayState
 from reef.gateway.transport.replicas import affinity_key
 from reef.gateway.transport.upstream import UpstreamError
 from reef.gateway.wire import headers as h
+from reef.gateway.wire.chunks import Chunk, StreamAccumulator, decode, of_dict
 from reef.gateway.wire.completion import (
     ClientWants,
-    StreamAccumulator,
     UpstreamResponse,
-    as_response,
     client_json,
     client_wants,
     for_client,
@@ -53,8 +52,6 @@ _DELIVERY = ("stream", "stream_options")
 # Partial records of aborted streams are written by tasks nobody awaits; keep them referenced.
 _background: set[asyncio.Task[None]] = set()
 
-Chunk = dict[str, Any]
-
 
 @dataclass(frozen=True, slots=True)
 class Completion:
@@ -65,8 +62,8 @@ class Completion:
 
 
 class ChunkStream:
-    """A streamed completion: its parsed chunks, those of one network read together. A chunk with an
-    `error` is the engine failing mid-stream. Once iteration ends, the record is durable; closed
+    """A streamed completion: its chunks (`reef.gateway.wire.chunks`), those of one network read
+    together. A `failed` chunk is the engine failing mid-stream. Once iteration ends, the record is durable; closed
     before that (the client went away), what was generated is still recorded, in the background.
     `client_shaped`: the chunks are already as the chat client saw them (a replay from the store)."""
 
@@ -264,7 +261,7 @@ async def _uncaptured(st: GatewayState, request: Request, body: dict[str, Any], 
                 _, batches = await st.upstream.stream_chat(up_body, key)
                 st.hold.exit()
                 holding = False
-                served.chunks = ChunkStream(_passed(batches))
+                served.chunks = ChunkStream(_passed(batches, wants.logprobs))
                 return served
             _, raw = await st.upstream.chat(up_body, key)
             st.hold.exit()
@@ -311,11 +308,11 @@ def _replay(record: Record, body: dict[str, Any], stream: bool) -> Served:
     chunks: list[Chunk] = []
     for choice in stored.get("choices") or ():
         delta = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
-        chunks.append({**base, "choices": [{"index": choice.get("index", 0), "delta": delta,
-                                            "logprobs": choice.get("logprobs"),
-                                            "finish_reason": choice.get("finish_reason")}]})
+        chunks.append(of_dict({**base, "choices": [{"index": choice.get("index", 0), "delta": delta,
+                                                    "logprobs": choice.get("logprobs"),
+                                                    "finish_reason": choice.get("finish_reason")}]}))
     if stored.get("usage"):
-        chunks.append({**base, "choices": [], "usage": stored["usage"]})
+        chunks.append(of_dict({**base, "choices": [], "usage": stored["usage"]}))
     served.chunks = ChunkStream(_once(chunks), completion_id=base["id"], client_shaped=True)
     return served
 
@@ -340,8 +337,9 @@ async def commit(st: GatewayState, record: RecordRow) -> None:
     bound.ok.inc()
 
 
-def _chunks(lines: list[bytes]) -> tuple[list[Chunk], bool]:
-    """The parsed `data:` events of one read, and whether the stream's `[DONE]` was among them."""
+def _chunks(lines: list[bytes], whole: bool) -> tuple[list[Chunk], bool]:
+    """The `data:` events of one read, and whether the stream's `[DONE]` was among them. `whole`:
+    every event parsed whole (the client asked for the logprobs: `reef.gateway.wire.chunks`)."""
     out: list[Chunk] = []
     for line in lines:
         if not line.startswith(b"data:"):
@@ -349,7 +347,7 @@ def _chunks(lines: list[bytes]) -> tuple[list[Chunk], bool]:
         data = line[5:].strip()
         if data == b"[DONE]":
             return out, True
-        out.append(orjson.loads(data))
+        out.append(decode(data, whole))
     return out, False
 
 
@@ -358,13 +356,14 @@ async def _recorded(st: GatewayState, ex: Exchange, first: list[bytes], batches:
     """`first`: the lines of the stream's first read (read before the engine hold was let go)."""
     committing = False
     try:
-        chunks, done = _fed(first, acc)
+        whole = wants.logprobs
+        chunks, done = _fed(first, acc, whole)
         if chunks:
             yield chunks
         async for lines in batches:
             if done:
                 continue  # read to its end, so that its connection is kept
-            chunks, done = _fed(lines, acc)
+            chunks, done = _fed(lines, acc, whole)
             if chunks:
                 yield chunks
         committing = True
@@ -381,22 +380,22 @@ async def _recorded(st: GatewayState, ex: Exchange, first: list[bytes], batches:
             task.add_done_callback(_background.discard)
 
 
-def _fed(lines: list[bytes], acc: StreamAccumulator) -> tuple[list[Chunk], bool]:
-    chunks, done = _chunks(lines)
+def _fed(lines: list[bytes], acc: StreamAccumulator, whole: bool) -> tuple[list[Chunk], bool]:
+    chunks, done = _chunks(lines, whole)
     for chunk in chunks:
-        if "error" not in chunk:  # an engine's mid-stream error is passed on, not recorded
+        if not chunk.failed:  # an engine's mid-stream error is passed on, not recorded
             acc.feed(chunk)
     return chunks, done
 
 
-async def _passed(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[list[Chunk]]:
+async def _passed(batches: AsyncIterator[list[bytes]], whole: bool) -> AsyncIterator[list[Chunk]]:
     """An uncaptured stream's chunks; nothing is kept of them."""
     try:
         done = False
         async for lines in batches:
             if done:
                 continue  # read to its end, so that its connection is kept
-            chunks, done = _chunks(lines)
+            chunks, done = _chunks(lines, whole)
             if chunks:
                 yield chunks
     finally:
@@ -406,12 +405,12 @@ async def _passed(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[list[Chu
 def _stream_record(ex: Exchange, acc: StreamAccumulator, wants: ClientWants, started: float) -> RecordRow:
     ex.latency_ms = (time.perf_counter() - started) * 1000
     ex.ttft_ms = (acc.first_token_at - started) * 1000 if acc.first_token_at else None
-    full = acc.response()
+    full = acc.response(logprobs=wants.logprobs)
     client = for_client(full, ClientWants(wants.logprobs, wants.token_ids, True), ex.request_model)
     assert client is not None
     if not wants.usage:
         client.pop("usage", None)
-    return record_row(ex, as_response(full), orjson.dumps(client))
+    return record_row(ex, acc.upstream_response(), orjson.dumps(client))
 
 
 async def _abandon(st: GatewayState, batches: AsyncIterator[list[bytes]], record: RecordRow) -> None:

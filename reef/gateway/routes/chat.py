@@ -18,7 +18,7 @@ from reef.gateway.exchange import ChunkStream, Refused, Served, exchange
 from reef.gateway.sse import EventStream, Last
 from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire import headers as h
-from reef.gateway.wire.completion import for_client
+from reef.gateway.wire.chunks import OtherChunk, for_chat_client
 from reef.gateway.wire.contract import (
     DATA_PLANE,
     RECORD_HEADERS,
@@ -129,9 +129,12 @@ async def _events(served: Served, chunks: ChunkStream) -> AsyncIterator[bytes]:
         async for batch in chunks:
             out = []
             for chunk in batch:
-                relayed = chunk if shaped or "error" in chunk else for_client(chunk, wants, model)
+                if shaped and isinstance(chunk, OtherChunk):
+                    out.append(_sse(chunk.source))
+                    continue
+                relayed = for_chat_client(chunk, wants, model)
                 if relayed is not None:
-                    out.append(_sse(relayed))
+                    out.append(relayed)
             if out:
                 yield b"".join(out)
         if served.record_id is None:

@@ -12,8 +12,7 @@ more than building its record.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -104,14 +103,6 @@ def read_response(raw: bytes) -> UpstreamResponse:
         raise _unreadable(exc) from exc
 
 
-def as_response(response: dict[str, Any]) -> UpstreamResponse:
-    """A response already parsed (one rebuilt from a stream), read as `read_response` reads bytes."""
-    try:
-        return msgspec.convert(response, UpstreamResponse)
-    except msgspec.MsgspecError as exc:
-        raise _unreadable(exc) from exc
-
-
 # --- what the client sees --------------------------------------------------------------------
 
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -170,92 +161,3 @@ def for_client(payload: dict[str, Any], wants: ClientWants, model: str) -> dict[
             choices.append(choice)
         out["choices"] = choices
     return out
-
-
-# --- streams ---------------------------------------------------------------------------------
-
-
-def _logprobs(choice: dict[str, Any]) -> list[float]:
-    content = (choice.get("logprobs") or {}).get("content") or ()
-    return [float(item["logprob"]) for item in content]
-
-
-@dataclass
-class _ChoiceAcc:
-    content: list[str] = field(default_factory=list)
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-
-
-class StreamAccumulator:
-    """Rebuilds the complete response from streamed chunks, token ids and logprobs included."""
-
-    def __init__(self) -> None:
-        self.choices: dict[int, _ChoiceAcc] = {}
-        self.prompt_token_ids: list[int] = []
-        self.usage: dict[str, Any] | None = None
-        self.id = ""
-        self.model = ""
-        self.created = int(time.time())
-        self.first_token_at: float | None = None
-
-    def feed(self, chunk: dict[str, Any]) -> None:
-        self.id = chunk.get("id", self.id)
-        self.model = chunk.get("model", self.model)
-        self.created = chunk.get("created", self.created)
-        if chunk.get("prompt_token_ids"):
-            self.prompt_token_ids = chunk["prompt_token_ids"]
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            index = choice.get("index", 0)
-            acc = self.choices.get(index)
-            if acc is None:  # not setdefault: that would build an accumulator for every chunk
-                acc = self.choices[index] = _ChoiceAcc()
-            delta = choice.get("delta") or {}
-            # The first generated token, whatever it is: a reply that is only end-of-turn (or only a
-            # tool call) has a time to first token too.
-            if self.first_token_at is None and (delta.get("content") or delta.get("tool_calls")
-                                                or choice.get("token_ids") or choice.get("finish_reason")):
-                self.first_token_at = time.perf_counter()
-            if delta.get("content"):
-                acc.content.append(delta["content"])
-            for call in delta.get("tool_calls") or ():
-                slot = acc.tool_calls.setdefault(
-                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                )
-                slot["id"] = call.get("id") or slot["id"]
-                fn = call.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-            acc.token_ids.extend(choice.get("token_ids") or ())
-            acc.logprobs.extend(_logprobs(choice))
-            if choice.get("finish_reason"):
-                acc.finish_reason = choice["finish_reason"]
-
-    def response(self) -> dict[str, Any]:
-        """The non-streaming response the same exchange would have produced."""
-        choices = []
-        for index in sorted(self.choices):
-            acc = self.choices[index]
-            message: dict[str, Any] = {"role": "assistant", "content": "".join(acc.content)}
-            if acc.tool_calls:
-                message["tool_calls"] = [acc.tool_calls[i] for i in sorted(acc.tool_calls)]
-            choices.append({
-                "index": index,
-                "message": message,
-                "logprobs": {"content": [{"logprob": lp} for lp in acc.logprobs]},
-                "finish_reason": acc.finish_reason,
-                "token_ids": acc.token_ids,
-            })
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage,
-            "prompt_token_ids": self.prompt_token_ids,
-        }

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from reef.gateway.wire.chunks import Chunk
+
 
 @dataclass(frozen=True)
 class ContextOverflow:
@@ -66,7 +68,7 @@ def event(name: str, payload: dict[str, Any]) -> bytes:
 
 
 class StreamTranslator(Protocol):
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]: ...
+    def feed(self, chunk: Chunk) -> list[bytes]: ...
 
     def finish(self, record_id: str | None) -> list[bytes]: ...
 

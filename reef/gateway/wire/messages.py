@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.gateway.wire import headers
+from reef.gateway.wire.chunks import NO_DELTA, Chunk
 from reef.gateway.wire.completion import UpstreamResponse
 from reef.gateway.wire.dialect import ContextOverflow, event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
@@ -297,20 +298,20 @@ class MessagesStream:
         return out + [event("content_block_start", {"type": "content_block_start", "index": self.blocks - 1,
                                                     "content_block": block})]
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, chunk: Chunk) -> list[bytes]:
         out = self._start()
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
+        if chunk.usage:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            if choice.position() != 0:
                 continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
+            delta = choice.delta or NO_DELTA
+            if delta.content:
                 if self.open != ("text", 0):
                     out += self._open(("text", 0), {"type": "text", "text": ""})
                 out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.blocks - 1,
-                                                         "delta": {"type": "text_delta", "text": delta["content"]}}))
-            for position, call in enumerate(delta.get("tool_calls") or ()):
+                                                         "delta": {"type": "text_delta", "text": delta.content}}))
+            for position, call in enumerate(delta.tool_calls or ()):
                 key, fn = ("tool", call.get("index", position)), call.get("function") or {}
                 if self.open != key:
                     block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{self.blocks}",
@@ -320,8 +321,8 @@ class MessagesStream:
                     out.append(event("content_block_delta", {
                         "type": "content_block_delta", "index": self.blocks - 1,
                         "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}}))
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
         return out
 
     def finish(self, record_id: str | None) -> list[bytes]:

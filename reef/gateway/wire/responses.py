@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.gateway.wire import headers
+from reef.gateway.wire.chunks import NO_DELTA, Chunk
 from reef.gateway.wire.completion import UpstreamResponse
 from reef.gateway.wire.dialect import event, text_of
 from reef.gateway.wire.errors import ReefError, from_validation
@@ -275,15 +276,15 @@ class ResponsesStream:
         return [self._event("response.created", response=self.shell),
                 self._event("response.in_progress", response=self.shell)]
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, chunk: Chunk) -> list[bytes]:
         out = self._start()
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
+        if chunk.usage:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            if choice.position() != 0:
                 continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
+            delta = choice.delta or NO_DELTA
+            if delta.content:
                 if self.text is None:
                     self.text = {"kind": "message", "id": f"msg_{self.base}", "index": len(self.items), "text": ""}
                     self.items.append(self.text)
@@ -292,14 +293,14 @@ class ResponsesStream:
                     out.append(self._event("response.content_part.added", item_id=self.text["id"],
                                            output_index=self.text["index"], content_index=0,
                                            part={"type": "output_text", "text": "", "annotations": []}))
-                self.text["text"] += delta["content"]
+                self.text["text"] += delta.content
                 out.append(self._event("response.output_text.delta", item_id=self.text["id"],
-                                       output_index=self.text["index"], content_index=0, delta=delta["content"],
+                                       output_index=self.text["index"], content_index=0, delta=delta.content,
                                        logprobs=[]))
-            for position, call in enumerate(delta.get("tool_calls") or ()):
+            for position, call in enumerate(delta.tool_calls or ()):
                 out += self._call_delta(call.get("index", position), call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
         return out
 
     def _call_delta(self, index: int, call: dict[str, Any]) -> list[bytes]:
