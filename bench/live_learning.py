@@ -18,8 +18,8 @@ and their wall time, and the users' latency (p50/p95 of a whole chat completion 
 for it) while no round runs against while one runs (a chat that overlaps a round's process counts
 as during it; a round's phases come from its round-events log). Targets (issue 35): a gain of at
 least 15 points within 20 minutes from a base without reward, p50 during a round within 1.5x of idle.
-Results: bench/out/live_learning.json and bench/RESULTS.md (`live_learning`); `--report-only`
-publishes what the json holds.
+Results: bench/out/live_learning.json and bench/RESULTS.md (`live_learning`; another example than
+weather: `live_learning_<example>`); `--report-only` publishes what the json holds.
 """
 
 from __future__ import annotations
@@ -371,9 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="no run: print and publish what --out holds")
     add_flag(parser)
     args = parser.parse_args(argv)
+    # Another example's run is a section of its own: it leaves the default example's figures standing.
+    section = "live_learning" if args.example == "weather" else f"live_learning_{args.example}"
     if args.report_only:
         remark = [Text(args.remark, style="italic")] if args.remark else []
-        publish(args, "live_learning", *remark, *report(json.loads(args.out.read_text())))
+        publish(args, section, *remark, *report(json.loads(args.out.read_text())))
         return 0
     # A SIGTERM (or a SIGINT where the shell ignores it) stops the arm's server through the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -391,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    publish(args, "live_learning", *report(arms))
+    publish(args, section, *report(arms))
     return 0
 
 
