@@ -23,9 +23,9 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -33,6 +33,7 @@ import orjson
 from reef.gateway.transport.upstream import EngineUnavailable, Upstream, UpstreamError
 
 log = logging.getLogger("reef.replicas")
+T = TypeVar("T")
 
 _DOWN_STATUS = frozenset({502, 503, 504})  # the replica (or a proxy in front of it) cannot serve now
 _FAILED = (OSError, TimeoutError)
@@ -129,44 +130,30 @@ class Replicas:
 
     async def chat(self, body: dict[str, Any], key: str | None = None) -> tuple[str | None, bytes]:
         """(the replica that answered, its response body)."""
-        order = self._order(key)
-        for i, replica in enumerate(order):
-            last = i == len(order) - 1
-            try:
-                content = await replica.upstream.chat(body)
-            except UpstreamError as exc:
-                if not self._moved_on(replica, exc, last):
-                    raise
-                continue
-            except EngineUnavailable as exc:
-                if not self._moved_on(replica, exc, last):
-                    raise
-                continue
-            replica.requests += 1
-            replica.recovered()
-            return self._name(replica), content
-        raise AssertionError("unreachable: the last replica's failure is raised")
+        replica, content = await self._first_answer(key, lambda upstream: upstream.chat(body))
+        return self._name(replica), content
 
     async def stream_chat(self, body: dict[str, Any],
                           key: str | None = None) -> tuple[str | None, AsyncIterator[list[bytes]]]:
         """(the replica, its stream's lines): opened, so a replica that cannot start it is passed
         over like a JSON call's."""
+        replica, lines = await self._first_answer(key, lambda upstream: upstream.stream_chat(body))
+        return self._name(replica), self._watched(replica, lines)
+
+    async def _first_answer(self, key: str | None, send: Callable[[Upstream], Awaitable[T]]) -> tuple[Replica, T]:
+        """The first replica in `key`'s order that answers `send`, and its answer; a replica that
+        gave no answer is passed over, the last one's failure raised."""
         order = self._order(key)
         for i, replica in enumerate(order):
-            last = i == len(order) - 1
             try:
-                lines = await replica.upstream.stream_chat(body)
-            except UpstreamError as exc:
-                if not self._moved_on(replica, exc, last):
-                    raise
-                continue
-            except EngineUnavailable as exc:
-                if not self._moved_on(replica, exc, last):
+                answer = await send(replica.upstream)
+            except (UpstreamError, EngineUnavailable) as exc:
+                if not self._moved_on(replica, exc, i == len(order) - 1):
                     raise
                 continue
             replica.requests += 1
             replica.recovered()
-            return self._name(replica), self._watched(replica, lines)
+            return replica, answer
         raise AssertionError("unreachable: the last replica's failure is raised")
 
     def _moved_on(self, replica: Replica, exc: UpstreamError | EngineUnavailable, last: bool) -> bool:
