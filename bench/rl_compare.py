@@ -109,6 +109,7 @@ class Bench:
     # --- the arms: each returns (adapter folder, samples, rewarded, train s, notes) ----------------
 
     def explore(self, seed: int, folder: Path) -> dict[str, Any]:
+        self.rollouts: Path | None = None  # this seed's, once its round wrote them
         t0 = time.monotonic()
         cand = self.run_recipe("explore", self.params(seed, samples=self.args.generations, enough=None,
                                                       max_sample_s=None), folder)
