@@ -35,6 +35,8 @@ BENCHES: dict[str, list[str]] = {
     "learning_online_rl": ["bench/learning_tiny.py", "--scenarios", "demo-add", "--recipe", "online_rl",
                            "--param", "max_steps=60", "--no-next-turn"],
     "online_rl_sweep": ["bench/online_rl_sweep.py"],
+    "rl_compare": ["bench/rl_compare.py", "--example", "capitals", "--prompts", "32", "--generations", "8",
+                   "--seeds", "3"],
     "faults": ["bench/faults.py"],
 }
 
