@@ -94,8 +94,11 @@ class Bench:
         self.suite = eval_suite(scenario)
 
     def params(self, seed: int, **more: Any) -> dict[str, Any]:
-        return {"scenario": self.scenario.name, "base_model": self.base, "seed": seed, "sample_seed": seed,
-                "max_prompts": self.args.prompts, **more}
+        """A recipe's params: the training seed; a sampling recipe also draws the seed's prompts."""
+        return {"scenario": self.scenario.name, "base_model": self.base, "seed": seed, **more}
+
+    def sampling(self, seed: int, **more: Any) -> dict[str, Any]:
+        return self.params(seed, sample_seed=seed, max_prompts=self.args.prompts, **more)
 
     def run_recipe(self, name: str, params: dict[str, Any], folder: Path,
                    snapshot: Snapshot | None = None) -> Candidate:
@@ -111,7 +114,7 @@ class Bench:
     def explore(self, seed: int, folder: Path) -> dict[str, Any]:
         self.rollouts: Path | None = None  # this seed's, once its round wrote them
         t0 = time.monotonic()
-        cand = self.run_recipe("explore", self.params(seed, samples=self.args.generations, enough=None,
+        cand = self.run_recipe("explore", self.sampling(seed, samples=self.args.generations, enough=None,
                                                       max_sample_s=None), folder)
         m = cand.metrics
         self.rollouts = cand.path / "rollouts" / "rollouts.parquet"
@@ -146,7 +149,7 @@ class Bench:
 
     def grpo(self, seed: int, folder: Path) -> dict[str, Any]:
         t0 = time.monotonic()
-        cand = self.run_recipe("grpo", self.params(seed, **self.grpo_settings()), folder)
+        cand = self.run_recipe("grpo", self.sampling(seed, **self.grpo_settings()), folder)
         m = cand.metrics
         return {"adapter": cand.path, "samples": m["rollouts"], "rewarded": m["successes"],
                 "train_s": time.monotonic() - t0,
@@ -163,7 +166,7 @@ class Bench:
         import transformers
         from trl import GRPOConfig, GRPOTrainer
 
-        recipe = load_recipe("grpo", self.params(seed, **self.grpo_settings()), declared=self.scenario)
+        recipe = load_recipe("grpo", self.sampling(seed, **self.grpo_settings()), declared=self.scenario)
         c = recipe.config
         tasks, _ = practice_tasks(self.scenario)
         picked = random.Random(seed).sample(range(len(tasks)), min(self.args.prompts, len(tasks)))  # as grpo draws
