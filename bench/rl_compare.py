@@ -13,9 +13,10 @@ Per seed s, the practice tasks (`tasks:` minus the eval suite's) are drawn as th
   iteration), at the recipe's defaults.
 - `online_rl` (recipes/online_rl): the SAME rollouts as explore (read back from its candidate's
   `rollouts/`, token ids and vLLM's behaviour logprobs), grouped by task, trained from the base at
-  the recipe's defaults (group baseline, TIS). In the live loop it trains on recorded traffic, which
-  is the policy sampling too; here the rollouts stand in for it, so its wall time is explore's
-  sampling plus its own training.
+  the recipe's defaults (group baseline, TIS, 60 steps) but as a LoRA like the other arms (its
+  default is a full fine-tune). In the live loop it trains on recorded traffic, which is the policy
+  sampling too; here the rollouts stand in for it, so its wall time is explore's sampling plus its
+  own training.
 - `grpo` (recipes/grpo): TRL `GRPOTrainer` whose `rollout_func` samples the trained LoRA through
   our engine each step; `--prompts / 2` steps of 2 prompts x `--generations`.
 - `trl_grpo`: plain TRL `GRPOTrainer`, TRL's own generation with transformers (no vLLM), the same
@@ -132,14 +133,15 @@ class Bench:
             pl.format("rollout-{}", pl.int_range(pl.len())).alias("record_id"),
             pl.col("task_index").cast(pl.String).alias("group"), pl.col("reward").fill_null(0.0).alias("score"),
             pl.lit(1.0).alias("weight"), "prompt_ids", "completion_ids", "logprobs", "text")
-        recipe = load_recipe("online_rl", self.params(seed), declared=self.scenario)
+        params = self.params(seed, kind="lora")  # its default is a full fine-tune; every arm here trains a LoRA
+        recipe = load_recipe("online_rl", params, declared=self.scenario)
         empty = Snapshot.create(self.scenario.name, folder / "no-data", recipe.experience(), root=folder / "snapshots",
                                 ledger_root=folder / "ledger", allow_empty=True)
         manifest = {**empty.manifest, "hash": f"rollouts-{seed}-{frame.height}",
                     "record_ids": rows["record_id"].to_list()}
         snap = RolloutSnapshot(empty.path, manifest, rows)
         t0 = time.monotonic()
-        cand = self.run_recipe("online_rl", self.params(seed), folder, snap)
+        cand = self.run_recipe("online_rl", params, folder, snap)
         m = cand.metrics
         return {"adapter": cand.path, "samples": frame.height, "rewarded": int(frame["success"].sum()),
                 "train_s": self.sample_s + time.monotonic() - t0,
