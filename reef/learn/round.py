@@ -31,6 +31,7 @@ import polars as pl
 from reef.config import CONFIG_FILE_ENV, GateSettings
 from reef.core.crashpoints import crash_point
 from reef.gate.evaluate import evaluate_candidate
+from reef.gate.warm import warm_head
 from reef.learn.pending import selection
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult
 from reef.learn.round_log import TRANSITIONS, Round, RoundBusyError, RoundLog
@@ -252,9 +253,15 @@ def regate(plan: RoundPlan, candidate_id: str, settings: GateSettings | None = N
 def run_request(request: RoundRequest) -> RoundResult:
     """The round a `RoundRequest` asks for, as the round process runs it: gated, quietly; a round
     another process runs, or a snapshot with nothing to learn from, is a result, not an error.
-    With `regate`, only that candidate's gate again."""
+    With `regate`, only that candidate's gate again; with `warm`, only the next gate's head replies."""
     scenario = request.plan.scenario
     try:
+        if request.warm:
+            if request.engine is None:
+                raise ValueError("warming the next gate needs the engine")
+            warmed = warm_head(request.plan.data_dir, scenario, request.gate, request.engine)
+            return RoundResult(status="warmed", scenario=scenario, reason=warmed.skipped,
+                               metrics={**warmed.model_dump(mode="json"), "complete": warmed.complete})
         if request.regate is not None:
             return regate(request.plan, request.regate, request.gate, engine=request.engine, progress=False)
         return run_round(request.plan, request.gate, engine=request.engine, progress=False)
