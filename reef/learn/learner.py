@@ -208,8 +208,10 @@ class Learner:
             return
         if self._retry_void(state):  # a void gate is retried before anything new is trained
             return
+        learner = self.config.learner
         request = RoundRequest(plan=state.round_plan(), gate=self.config.release.gate, engine=self._engine(),
-                               config_file=self.config.config_file)
+                               config_file=self.config.config_file,
+                               launcher=learner.accelerate if learner.launcher == "accelerate" else None)
         started = time.time()
         result = self._run_request(state, request, "round")
         if result is None:
