@@ -88,9 +88,9 @@ class UpstreamConfig(_Strict):
     (`urls`), balanced with session affinity (reef.gateway.transport.replicas)."""
 
     url: str | None = None
-    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26); "
-                            "with more than one, releases that load weights and the learner are refused "
-                            "until releases reach every replica as one step")
+    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26), "
+                            "balanced with session affinity; a release loads into every one before the head "
+                            "moves, and each must read the gateway's artifact store at the same path")
     api_key: str | None = Field(default=None, description="sent to every replica")
     token_ids: Literal["auto", "on", "off"] = Field(
         default="auto", description="ask for vLLM's return_token_ids; auto: if GET /v1/models says vLLM serves"
@@ -437,7 +437,6 @@ def resolve(
         config._file = Path(config_file).resolve()
         _anchor(config, config._file.parent)
     _check_recipes(config)
-    _check_replicas(config)
     resolved = _flatten(config.model_dump(mode="json"))
     return config, {key: sources.get(key, "default") for key in resolved}
 
@@ -469,14 +468,6 @@ def _check_recipes(config: ServeConfig) -> None:
         if problem:
             known = f"; recipes: declares {sorted(config.recipes)}" if config.recipes else ""
             raise ConfigError(f"invalid config: scenarios.{name}.recipe: {problem}{known}")
-
-
-def _check_replicas(config: ServeConfig) -> None:
-    """The learner releases weights into one engine; several replicas must all get a release before
-    the head moves (issue 26 part 2, not built): refused rather than served by a mix of releases."""
-    if len(config.upstream.replica_urls) > 1 and config.learner.enabled:
-        raise ConfigError("invalid config: learner.enabled: the learner's releases load weights, which do not "
-                          "reach every one of several upstream.urls yet; run it on a gateway with one upstream")
 
 
 def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:
