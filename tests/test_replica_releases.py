@@ -14,7 +14,9 @@ file's time: ~40 s on 2 busy cores, twice).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -25,11 +27,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from dashboard.synthetic import make_lora_candidate
 from reef.client import ReefAPIError, ReefClient
 from reef.config import ServeConfig
+from reef.core.hashing import sha256_file
 from reef.engine.replica_weights import label
 from reef.engine.supervisor import EngineSupervisor, free_port
 from reef.gateway.transport.replicas import Replicas
@@ -62,6 +67,27 @@ class Stand:
     def candidate(self, name: str, rank: int = 4, seed: int = 1) -> str:
         """A random LoRA of `rank`, registered and selected against the head: its candidate id."""
         folder = make_lora_candidate(self.tiny, self.work / name, S, seed, rank)
+        view = register_candidate(self.work / "data", folder)
+        CandidateRegistry(self.work / "data", S).record_gate(view.candidate_id, GateResult(
+            decision="select", reason="recorded by the test", head_release_id=self.api.head(S)))
+        return view.candidate_id
+
+    def full_candidate(self, name: str, seed: int = 0) -> str:
+        """The tiny model with noise on every weight (enough to change its answer), as a full candidate,
+        selected against the head."""
+        folder = self.work / name
+        shutil.copytree(self.tiny, folder)
+        weights = folder / "model.safetensors"
+        generator = torch.Generator().manual_seed(seed)
+        tensors = {k: v + v.std() * torch.randn(v.shape, generator=generator)
+                   for k, v in load_file(weights).items()}
+        save_file(tensors, weights, metadata={"format": "pt"})
+        (folder / "candidate.json").write_text(json.dumps({
+            "id": f"{S}-full-{seed}", "kind": "full", "scenario": S, "metrics": {}, "lineage": {
+                "snapshot_id": f"{S}-nudged-{seed}", "snapshot_hash": "0" * 64, "recipe": "tests:nudged",
+                "params": {"seed": seed}, "parent_release": self.api.head(S), "code_commit": "unknown",
+                "base_model": str(self.tiny), "base_model_sha256": sha256_file(self.tiny / "model.safetensors"),
+                "versions": {}}}))
         view = register_candidate(self.work / "data", folder)
         CandidateRegistry(self.work / "data", S).record_gate(view.candidate_id, GateResult(
             decision="select", reason="recorded by the test", head_release_id=self.api.head(S)))
@@ -197,6 +223,24 @@ def test_a_replica_refusing_the_adapter_fails_the_release(stand: Stand) -> None:
     assert {row["replica"] for row in served} == {label(stand.a), label(stand.b.url)}
 
 
+def test_full_weights_and_rollback_under_load(stand: Stand) -> None:
+    """pause -> reload -> verify -> resume on both replicas before the head moves, and back."""
+    full = stand.full_candidate("full")
+    with stand.load() as load:
+        load.wait_for_more(8)
+        made = stand.api.release(S, full, f"{S}@r2", approved_by="pytest")["release"]
+        load.wait_for_more(8)
+        back = stand.api.rollback(S, f"{S}@r0", made["release_id"], approved_by="pytest")["release"]
+        load.wait_for_more(8)
+    served = _served(stand, load)
+    texts = _one_text_per_release(served)
+    assert set(texts) == {f"{S}@r2", made["release_id"], back["release_id"]}, texts
+    assert texts[made["release_id"]] not in (texts[f"{S}@r2"], texts[back["release_id"]]), texts
+    assert {row["replica"] for row in served if row["release"] == made["release_id"]} == {
+        label(stand.a), label(stand.b.url)}
+    stand.api.rollback(S, f"{S}@r2", back["release_id"], approved_by="pytest")  # the LoRA head, for what follows
+
+
 def test_restarted_replica_gets_the_head_before_it_serves(stand: Stand) -> None:
     b, name = stand.b, adapter_name(stand.api.releases(S)["head"]["content_id"])
     with stand.load(streams=False) as load:
@@ -214,6 +258,6 @@ def test_restarted_replica_gets_the_head_before_it_serves(stand: Stand) -> None:
             load.wait_for_more(8)
     assert not watch.without, f"b took calls before it had the head's adapter: {watch.without}"
     served += _served(stand, load)
-    assert {row["release"] for row in served} == {f"{S}@r2"}
+    assert {row["release"] for row in served} == {stand.api.head(S)}
     _one_text_per_release(served)
     assert label(b.url) in {row["replica"] for row in served[-8:]}, "b serves again once in step"
