@@ -19,6 +19,7 @@ import uvicorn
 
 from reef.config import DEFAULT_MODEL, ConfigError, ServeConfig
 from reef.core.paths import DataDir
+from reef.engine.fleet import EngineFleet
 from reef.engine.replica_weights import ReplicaWeights
 from reef.engine.supervisor import EngineSupervisor
 from reef.engine.weights import EngineWeights, Weights
@@ -79,7 +80,7 @@ def serve(config: ServeConfig) -> None:
     data_dir = Path(config.data_dir)
     if config.state.url:  # the rounds and gates this server starts read the chains it publishes to
         os.environ[STATE_URL_ENV] = config.state.url
-    engine: EngineSupervisor | None = None
+    engine: EngineSupervisor | EngineFleet | None = None
     learner: Learner | None = None
     store = ExperienceStore(data_dir, config.store)
     plans = None
@@ -92,6 +93,13 @@ def serve(config: ServeConfig) -> None:
         urls = config.upstream.replica_urls
         if urls:
             base_url = urls[0]
+        elif config.engine.replicas > 1:  # N engines behind the balancer, like upstream.urls
+            ensure_default_model(config)
+            engine = EngineFleet(config, DataDir(data_dir).logs)
+            log.info("starting %d vLLM engines for %s", config.engine.replicas, config.model_path)
+            urls = engine.start()
+            base_url = urls[0]
+            log.info("vLLM engines healthy at %s after %.1f s", ", ".join(urls), engine.startup_s or 0)
         else:
             ensure_default_model(config)
             engine = EngineSupervisor(config, DataDir(data_dir).logs / "vllm.log")

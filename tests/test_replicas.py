@@ -24,9 +24,10 @@ import pytest
 from aiohttp import web
 
 from reef.config import ConfigError, resolve
+from reef.engine.fleet import EngineFleet, device_shares
 from reef.engine.hold import EngineHold
 from reef.engine.replica_weights import ReplicaWeights
-from reef.engine.supervisor import free_port
+from reef.engine.supervisor import EngineError, free_port
 from reef.engine.weights import EngineWeightsError
 from reef.gateway.transport.replicas import Replicas, affinity_key, label
 from reef.gateway.transport.upstream import UpstreamError
@@ -348,3 +349,21 @@ def test_busy_replica_is_passed_over_and_an_engine_error_is_not() -> None:
                 await runner.cleanup()
 
     asyncio.run(run())
+
+
+def test_engine_replicas_fleet(tmp_path: Path) -> None:
+    """`engine.replicas: N`: N supervisors, each its own port and log, and on GPUs its devices."""
+    config, _ = resolve({"engine.replicas": 3, "engine.port": 41000, "data_dir": str(tmp_path)}, environ={})
+    fleet = EngineFleet(config, tmp_path / "logs")
+    assert [e.port for e in fleet.engines] == [41000, 41001, 41002]
+    assert [e.log_path.name for e in fleet.engines] == ["vllm.log", "vllm-1.log", "vllm-2.log"]
+    assert fleet.urls == [f"http://127.0.0.1:{p}" for p in (41000, 41001, 41002)]
+    config, _ = resolve({"engine.replicas": 2, "data_dir": str(tmp_path)}, environ={})
+    ports = [e.port for e in EngineFleet(config, tmp_path / "logs").engines]
+    assert len(set(ports)) == 2 and config.port not in ports
+    assert device_shares(2, None, 0) == [None, None]  # CPU: no devices to split
+    assert device_shares(2, None, 4) == ["0,1", "2,3"] and device_shares(2, "5,7", 2) == ["5", "7"]
+    with pytest.raises(EngineError, match="needs a GPU each"):
+        device_shares(3, None, 2)
+    with pytest.raises(ConfigError, match="engine.replicas"):
+        resolve({"engine.replicas": 2, "upstream.url": "http://127.0.0.1:1"}, environ={})

@@ -65,6 +65,9 @@ class EngineConfig(_Strict):
     enforce_eager: bool = False
     startup_timeout_s: float = 600.0
     enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")
+    replicas: int = Field(default=1, ge=1, description="vLLM engines of the model, each its own process group, "
+                          "port and (on GPUs) share of the devices, balanced by the gateway with session "
+                          "affinity; releases load into every one (reef.engine.fleet)")
     max_lora_rank: int = Field(default=16, ge=1)
     max_loras: int = Field(default=4, ge=1, description="adapters per batch; the head, the previous and a canary")
     tool_parser: str | None = Field(
@@ -437,6 +440,7 @@ def resolve(
         config._file = Path(config_file).resolve()
         _anchor(config, config._file.parent)
     _check_recipes(config)
+    _check_replicas(config)
     resolved = _flatten(config.model_dump(mode="json"))
     return config, {key: sources.get(key, "default") for key in resolved}
 
@@ -468,6 +472,13 @@ def _check_recipes(config: ServeConfig) -> None:
         if problem:
             known = f"; recipes: declares {sorted(config.recipes)}" if config.recipes else ""
             raise ConfigError(f"invalid config: scenarios.{name}.recipe: {problem}{known}")
+
+
+def _check_replicas(config: ServeConfig) -> None:
+    """engine.replicas starts engines; with upstream.url(s) Reef starts none."""
+    if config.engine.replicas > 1 and config.upstream.replica_urls:
+        raise ConfigError("invalid config: engine.replicas: Reef starts no engine in front of upstream.url(s); "
+                          "list every replica in upstream.urls instead")
 
 
 def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:
