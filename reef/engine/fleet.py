@@ -109,8 +109,8 @@ class EngineFleet:
         await asyncio.gather(*(engine.supervise(_nothing) for engine in self.engines))
 
     def describe(self) -> dict[str, Any]:
-        return {"managed": True, "replicas": len(self.engines), "ready": self.ready,
-                "engines": [engine.describe() for engine in self.engines]}
+        # (`replicas` in `GET /reef/status` is the balancer's view of the same engines, by URL)
+        return {"managed": True, "ready": self.ready, "engines": [engine.describe() for engine in self.engines]}
 
     def stop(self) -> None:
         for engine in self.engines:
