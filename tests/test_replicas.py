@@ -29,6 +29,7 @@ from reef.engine.hold import EngineHold
 from reef.engine.replica_weights import ReplicaWeights
 from reef.engine.supervisor import EngineError, free_port
 from reef.engine.weights import EngineWeightsError
+from reef.gateway.transport import replicas as replicas_module
 from reef.gateway.transport.replicas import Replicas, affinity_key, label
 from reef.gateway.transport.upstream import UpstreamError
 from reef.serve_process import ServeProcess
@@ -264,7 +265,7 @@ async def _engines(refuse: str) -> tuple[list[web.AppRunner], dict[str, str], di
     return runners, urls, calls
 
 
-def test_an_adapter_loads_on_every_replica_or_on_none() -> None:
+def test_an_adapter_loads_on_every_replica_or_on_none(monkeypatch: pytest.MonkeyPatch) -> None:
     async def run() -> None:
         runners, urls, calls = await _engines(refuse="b")
         replicas = Replicas([urls["a"], urls["b"]])
@@ -287,6 +288,7 @@ def test_an_adapter_loads_on_every_replica_or_on_none() -> None:
 
             synced: list[str] = []
             replicas.sync = refuse_then_accept
+            monkeypatch.setattr(replicas_module, "SYNC_RETRY_S", 0.1)
             assert [r.url for r in replicas._order("k")] == [urls["a"]], "an out replica is never tried"
             watching = asyncio.get_running_loop().create_task(replicas.watch(0.05))
             await asyncio.sleep(0.5)

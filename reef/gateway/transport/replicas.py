@@ -44,6 +44,7 @@ T = TypeVar("T")
 
 _DOWN_STATUS = frozenset({502, 503, 504})  # the replica (or a proxy in front of it) cannot serve now
 _FAILED = (OSError, TimeoutError)
+SYNC_RETRY_S = 5.0  # after a replica could not be brought in step (each try may reload its weights)
 
 
 __all__ = ["Replica", "Replicas", "affinity_key", "label"]
@@ -107,7 +108,8 @@ class Replicas:
         # Brings a replica that is back in step (True: it serves what the chains name); None: health
         # alone takes a replica back (no weights are loaded into the replicas).
         self.sync: Callable[[str], Awaitable[bool]] | None = None
-        self._syncing: set[str] = set()
+        self._syncing: dict[str, asyncio.Task[None]] = {}  # by URL: one at a time, the watch goes on meanwhile
+        self._sync_after: dict[str, float] = {}  # by URL: not tried again before (monotonic)
 
     @property
     def several(self) -> bool:
@@ -142,19 +144,29 @@ class Replicas:
         """Out until it is in step again (a weight reload failed on it)."""
         next(r for r in self.members if r.url == url).failed(reason, self.several)
 
-    async def _back(self, replica: Replica) -> None:
-        """A replica that is out answers `/health` again: in step first, then back."""
+    def _back(self, replica: Replica) -> None:
+        """A replica that is out answers `/health` again: in step first (a task: a sync waits for a
+        release in progress, and the watch keeps probing meanwhile), then back."""
         if replica.healthy or replica.url in self._syncing:
             return
         if self.sync is None:
             replica.recovered()
             return
-        self._syncing.add(replica.url)
-        try:
-            if await self.sync(replica.url):
-                replica.recovered()
-        finally:
-            self._syncing.discard(replica.url)
+        if time.monotonic() < self._sync_after.get(replica.url, 0.0):
+            return
+        sync = self.sync
+
+        async def bring_back() -> None:
+            try:
+                if await sync(replica.url):
+                    replica.recovered()
+                else:
+                    replica.last_error = "back, but not in step with the releases yet (see the log)"
+                    self._sync_after[replica.url] = time.monotonic() + SYNC_RETRY_S
+            finally:
+                self._syncing.pop(replica.url, None)
+
+        self._syncing[replica.url] = asyncio.get_running_loop().create_task(bring_back())
 
     def _name(self, replica: Replica) -> str | None:
         """What a record names: nothing when there is one replica (as before replicas existed)."""
@@ -250,13 +262,16 @@ class Replicas:
 
     async def healthy(self) -> bool:
         """Probes every replica's `/health` (bringing recovered ones back, unless they must be
-        brought in step first: `watch` does that); True when any answers."""
+        brought in step first: `watch` does that); True when any answers (and, when they must be in
+        step, is in service)."""
         states = await asyncio.gather(*(r.upstream.healthy() for r in self.members))
         for replica, ok in zip(self.members, states, strict=True):
             if ok and self.sync is None:
                 replica.recovered()
             elif not ok and replica.healthy and self.several:
                 replica.failed("/health did not answer 200", True)
+        if self.sync is not None:
+            return any(ok and r.healthy for r, ok in zip(self.members, states, strict=True))
         return any(states)
 
     async def watch(self, interval_s: float = 1.0) -> None:
@@ -269,7 +284,7 @@ class Replicas:
                 states = await asyncio.gather(*(r.upstream.healthy() for r in probed))
                 for replica, ok in zip(probed, states, strict=True):
                     if ok:
-                        await self._back(replica)
+                        self._back(replica)
                     elif replica.healthy and self.several:
                         replica.failed("/health did not answer 200", True)
 
@@ -277,5 +292,7 @@ class Replicas:
         return [r.describe() for r in self.members]
 
     async def aclose(self) -> None:
+        for task in list(self._syncing.values()):
+            task.cancel()
         for replica in self.members:
             await replica.upstream.aclose()
