@@ -5,6 +5,11 @@ replica), so a test can `kill -9` one under load; the client is the real openai 
 same session (header or conversation) stays on one replica, sessions spread over both, a killed
 replica fails no JSON call and is shown down, it takes calls again once restarted, a stream cut
 mid-way ends with an error event, and every record names the replica that served it.
+
+Without a model (part 2's rules, with in-process engines): an adapter loads on every replica or on
+none, a replica whose weight reload failed is out until it is brought in step, and an out replica is
+never tried meanwhile; `engine.replicas: N`'s ports, logs and device shares. Releases through two
+real vLLM replicas: tests/test_replica_releases.py.
 """
 
 from __future__ import annotations
