@@ -5,8 +5,10 @@ lower `--max-lora-rank`, so it refuses an adapter `a` would take (a real refusal
 it can be killed and restarted. Checked, in file order: `b`, still starting when the gateway does,
 gets the release made meanwhile before it takes calls; a LoRA release under load loads on both
 before the head moves, and every record's release label answers as that release does; the adapter
-`b` refuses fails the release naming `b`, and both keep serving the head; `b` killed under load
-fails no call, and restarted it is given the head's adapter before it takes calls again.
+`b` refuses fails the release naming `b`, and both keep serving the head; a full-weight release
+and a rollback under load, on both; a canary arm on both (one `b` refuses fails its start, naming
+`b`); `b` killed under load fails no call, and restarted it is given the head's and the canary's
+adapters before it takes calls again.
 
 `b` boots while the gateway starts and the first release is made (a vLLM start is most of this
 file's time: ~40 s on 2 busy cores, twice).
@@ -154,11 +156,11 @@ def _one_text_per_release(served: list[dict]) -> dict[str, str]:
 
 
 class Admissions:
-    """Watches one replica: each time the gateway shows it in service, it must already hold `adapter`
-    (read in that order, so an adapter loaded after the replica was let in is caught)."""
+    """Watches one replica: each time the gateway shows it in service, it must already hold every
+    one of `adapters` (read in that order, so an adapter loaded after the replica was let in is caught)."""
 
-    def __init__(self, stand: Stand, url: str, adapter: str) -> None:
-        self.stand, self.url, self.adapter = stand, url, adapter
+    def __init__(self, stand: Stand, url: str, *adapters: str) -> None:
+        self.stand, self.url, self.adapters = stand, url, set(adapters)
         self.without: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -175,7 +177,7 @@ class Admissions:
         while not self._stop.is_set():
             healthy = self.stand.replicas()[label(self.url)]["healthy"]
             try:
-                if healthy and self.adapter not in _adapters(self.url):
+                if healthy and not self.adapters <= _adapters(self.url):
                     self.without.append(time.strftime("%X"))
             except httpx.HTTPError:
                 pass
@@ -241,8 +243,25 @@ def test_full_weights_and_rollback_under_load(stand: Stand) -> None:
     stand.api.rollback(S, f"{S}@r2", back["release_id"], approved_by="pytest")  # the LoRA head, for what follows
 
 
+def test_a_canary_arm_loads_on_both_replicas(stand: Stand) -> None:
+    big = stand.candidate("big-arm", rank=16, seed=4)
+    with pytest.raises(ReefAPIError) as refused:
+        stand.api.start_canary(S, big, fraction=0.5)
+    assert refused.value.status == 502 and f"replica {label(stand.b.url)}" in refused.value.message
+    arm = stand.candidate("arm", seed=3)
+    started = stand.api.start_canary(S, arm, fraction=0.5, approved_by="pytest")
+    assert all(adapter_name(arm) in _adapters(url) for url in (stand.a, stand.b.url))
+    with stand.load() as load:
+        load.wait_for_more(16)
+    texts = _one_text_per_release(_served(stand, load))
+    assert set(texts) == {started["head_release_id"], f"{S}@canary-{arm[:12]}"}, texts
+
+
 def test_restarted_replica_gets_the_head_before_it_serves(stand: Stand) -> None:
+    """(with the canary of the test before still running: its arm is brought back too)"""
     b, name = stand.b, adapter_name(stand.api.releases(S)["head"]["content_id"])
+    arm_id = stand.api.canary(S)["candidate_id"]
+    arm = adapter_name(arm_id)
     with stand.load(streams=False) as load:
         load.wait_for_more(8)
         assert b.pgid is not None
@@ -251,13 +270,13 @@ def test_restarted_replica_gets_the_head_before_it_serves(stand: Stand) -> None:
         load.wait_for_more(8)
     served = _served(stand, load)  # no JSON call failed while b died
     b.stop()
-    with Admissions(stand, b.url, name) as watch:
+    with Admissions(stand, b.url, name, arm) as watch:
         b.start()  # the same port, the base weights, no adapter (no load meanwhile: a start is CPU-bound)
         wait_for(lambda: stand.replicas()[label(b.url)]["healthy"], timeout=60)
         with stand.load(streams=False) as load:
             load.wait_for_more(8)
     assert not watch.without, f"b took calls before it had the head's adapter: {watch.without}"
     served += _served(stand, load)
-    assert {row["release"] for row in served} == {stand.api.head(S)}
+    assert {row["release"] for row in served} <= {stand.api.head(S), f"{S}@canary-{arm_id[:12]}"}
     _one_text_per_release(served)
     assert label(b.url) in {row["replica"] for row in served[-8:]}, "b serves again once in step"
