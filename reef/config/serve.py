@@ -62,6 +62,9 @@ class EngineConfig(_Strict):
     enforce_eager: bool = False
     startup_timeout_s: float = 600.0
     enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")
+    replicas: int = Field(default=1, ge=1, description="vLLM engines of the model, each its own process group, "
+                          "port and (on GPUs) share of the devices, balanced by the gateway with session "
+                          "affinity; releases load into every one (reef.engine.fleet)")
     max_lora_rank: int = Field(default=16, ge=1)
     max_loras: int = Field(default=4, ge=1, description="adapters per batch; the head, the previous and a canary")
     tool_parser: str | None = Field(
@@ -85,9 +88,9 @@ class UpstreamConfig(_Strict):
     (`urls`), balanced with session affinity (reef.gateway.transport.replicas)."""
 
     url: str | None = None
-    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26); "
-                            "with more than one, releases that load weights and the learner are refused "
-                            "until releases reach every replica as one step")
+    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26), "
+                            "balanced with session affinity; a release loads into every one before the head "
+                            "moves, and each must read the gateway's artifact store at the same path")
     api_key: str | None = Field(default=None, description="sent to every replica")
     token_ids: Literal["auto", "on", "off"] = Field(
         default="auto", description="ask for vLLM's return_token_ids; auto: if GET /v1/models says vLLM serves"
@@ -361,11 +364,10 @@ def _check_recipes(config: ServeConfig) -> None:
 
 
 def _check_replicas(config: ServeConfig) -> None:
-    """The learner releases weights into one engine; several replicas must all get a release before
-    the head moves (issue 26 part 2, not built): refused rather than served by a mix of releases."""
-    if len(config.upstream.replica_urls) > 1 and config.learner.enabled:
-        raise ConfigError("invalid config: learner.enabled: the learner's releases load weights, which do not "
-                          "reach every one of several upstream.urls yet; run it on a gateway with one upstream")
+    """engine.replicas starts engines; with upstream.url(s) Reef starts none."""
+    if config.engine.replicas > 1 and config.upstream.replica_urls:
+        raise ConfigError("invalid config: engine.replicas: Reef starts no engine in front of upstream.url(s); "
+                          "list every replica in upstream.urls instead")
 
 
 def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:
