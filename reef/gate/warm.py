@@ -26,6 +26,7 @@ from reef.gate.scoring import declared_scenario, suite_for
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.state import open_chain
 from reef.sampling.engine import EngineEndpoint
+from reef.scenario import ScenarioError
 
 
 class Warmed(BaseModel):
@@ -56,7 +57,10 @@ def warm_head(data_dir: Path | str, scenario: str, config: GateSettings, engine:
     if not engine_holds_base(data_dir, r0.content_id):
         return Warmed(head_release_id=head.release_id, skipped="the engine holds other full weights: the gate "
                       "samples with transformers")
-    suite = suite_for(scenario, engine.base_url, engine.model)
+    try:
+        suite = suite_for(scenario, engine.base_url, engine.model)
+    except ScenarioError as exc:  # no eval suite: no gate to warm (the round says why it cannot gate)
+        return Warmed(head_release_id=head.release_id, skipped=str(exc))
     store = ArtifactStore.for_data_dir(data_dir)
     weights = head_weights(store, head, r0, engine)
     harness = served_harness(store, head, declared_scenario(scenario).harness.inject)
