@@ -338,7 +338,8 @@ def main() -> int:
                         help="only the stand-in row, with no vLLM at all (its response from the test fixtures)")
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="another checkout of Reef (`git worktree add /tmp/base REV`): its gateway is a third "
-                             "arm of the stand-in rounds, so a change is measured side by side")
+                             "arm of the stand-in rounds (and a `base <dialect>` arm of each stand-in stream row's), "
+                             "so a change is measured side by side")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
     add_flag(parser)
     args = parser.parse_args()
