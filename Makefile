@@ -122,7 +122,9 @@ $(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION): | debs
 # on 2 shared cores, issue 35); run those by hand with `.venv/bin/pytest --nbmake notebooks`.
 TEST_WORKERS ?= 2
 TINY := data/models/tiny
-PYTEST := $(BIN)/pytest -q -ra
+# --durations: the slowest tests in every CI log, where make test's 25-minute budget is spent
+PYTEST := $(BIN)/pytest -q -ra --durations=20
+
 test:
 	@mkdir -p test-artifacts
 	@$(MAKE) --no-print-directory postgres chromium agents > test-artifacts/debs-pi.log 2>&1 & debs=$$!; \

@@ -5,6 +5,9 @@ it serves again.
 
 Rows (each with `--clients` threads sending JSON chats, each with a report, all along):
 - engine kill:  `kill -9` of the managed vLLM API server of a `reef serve`
+- replica kill: `kill -9` of one of the two vLLM API servers of a `reef serve` with `engine.replicas: 2`
+                (target: 0 failed requests); recovery is the time until the killed replica serves
+                again (restarted by its supervisor, brought in step with the releases)
 - gateway kill: `kill -9` of a `reef serve` (in front of that engine), then started again
 - disk full:    the WAL on a 1 MB tmpfs (needs root or sudo) filled by large reports
 - learner kill: `kill -9` of a `reef serve` with the learner on while a round trains, then started
@@ -164,6 +167,33 @@ def engine_kill(serve: ServeProcess, clients: int, seconds: float) -> list[str]:
         recovered = load.recovered_after(fault_at)
         time.sleep(seconds)
     return row("engine kill (kill -9 vLLM API server)", load, fault_at, recovered, serve.url)
+
+
+def replica_kill(work: Path, clients: int, seconds: float) -> list[str]:
+    gw = ServeProcess(work / "replicas", ["--model", str(TINY)],
+                      env={"REEF_SERVED_MODEL_NAME": MODEL, "REEF_ENGINE__REPLICAS": "2"}).start()
+    try:
+        def engine() -> dict:
+            return httpx.get(f"{gw.url}/reef/status", timeout=30).json()["engine"]
+
+        with Load(gw.url, clients) as load:
+            time.sleep(seconds)
+            victim = engine()["engines"][1]
+            fault_at = time.monotonic()
+            os.kill(victim["pid"], 9)
+
+            def serving_again() -> bool:
+                now = engine()
+                return (now["engines"][1]["restarts"] > victim["restarts"] and now["engines"][1]["ready"]
+                        and now["replicas"][1]["healthy"])
+
+            back = wait_for("the killed replica serving again", serving_again) - fault_at
+            time.sleep(seconds)
+        served = [r["requests"] for r in engine()["replicas"]]
+        return row("replica kill (kill -9 one of 2 vLLM API servers)", load, fault_at, back, gw.url,
+                   recover_note=f" (requests per replica: {served[0]}, {served[1]})")
+    finally:
+        gw.stop()
 
 
 def gateway_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list[str]:
@@ -335,7 +365,7 @@ def swap_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list
     return rows
 
 
-ROWS = "engine,gateway,disk,learner,swap"
+ROWS = "engine,replica,gateway,disk,learner,swap"
 
 
 def main() -> None:
@@ -354,6 +384,9 @@ def main() -> None:
             if "engine" in wanted:
                 console.print("engine kill ...")
                 rows.append(engine_kill(serve, args.clients, args.seconds))
+            if "replica" in wanted:
+                console.print("replica kill ...")
+                rows.append(replica_kill(work, args.clients, args.seconds))
             engine_url = httpx.get(f"{serve.url}/reef/status").json()["engine"]["url"]
             if "gateway" in wanted:
                 console.print("gateway kill ...")

@@ -246,8 +246,12 @@ def _stream_stand_in(args: argparse.Namespace, events: list[bytes]) -> dict[str,
 
     work = Path(tempfile.mkdtemp(prefix="reef-bench-"))
 
-    def gateway(upstream: str) -> tuple[str, psutil.Process, Callable[[], None]]:
-        gw = ServeProcess(work / "gateway", ["--upstream-url", upstream], env={"REEF_SERVED_MODEL_NAME": MODEL_NAME})
+    def gateway(upstream: str, checkout: Path | None = None) -> tuple[str, psutil.Process, Callable[[], None]]:
+        env = {"REEF_SERVED_MODEL_NAME": MODEL_NAME}
+        if checkout is not None:  # from its own folder, with the checkout first on the path: its own `reef`
+            env["PYTHONPATH"] = str(checkout.resolve())
+        gw = ServeProcess(work / ("gateway" if checkout is None else "baseline"), ["--upstream-url", upstream],
+                          env=env)
         gw.start()
         assert gw.process is not None
 
@@ -260,8 +264,10 @@ def _stream_stand_in(args: argparse.Namespace, events: list[bytes]) -> dict[str,
         return len(asyncio.run(batch(url, args.clients, args.requests_per_client, True, args.tokens, dialect))[1])
 
     dialects = args.dialects.split(",")
-    per_round = stream_stand_in.stream_cpu(events, args.rounds, dialects,
-                                           gateway, load, cpu_s, free_port, console.print)
+    baseline = args.baseline
+    per_round = stream_stand_in.stream_cpu(events, args.rounds, dialects, gateway, load, cpu_s, free_port,
+                                           console.print,
+                                           None if baseline is None else lambda up: gateway(up, baseline))
     return stream_stand_in.stream_rows(per_round)
 
 
@@ -332,7 +338,8 @@ def main() -> int:
                         help="only the stand-in row, with no vLLM at all (its response from the test fixtures)")
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="another checkout of Reef (`git worktree add /tmp/base REV`): its gateway is a third "
-                             "arm of the stand-in rounds, so a change is measured side by side")
+                             "arm of the stand-in rounds (and a `base <dialect>` arm of each stand-in stream row's), "
+                             "so a change is measured side by side")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gateway_overhead.json")
     add_flag(parser)
     args = parser.parse_args()

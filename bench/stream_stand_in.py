@@ -111,10 +111,13 @@ def _relay(port: int, upstream: str) -> None:
 def stream_cpu(events: list[bytes], rounds: int, dialects: list[str],
                gateway: Callable[[str], tuple[str, psutil.Process, Callable[[], None]]],
                load: Callable[[str, str], int], cpu_s: Callable[[psutil.Process], float],
-               free_port: Callable[[], int], log: Callable[[str], None]) -> dict[str, list[float]]:
+               free_port: Callable[[], int], log: Callable[[str], None],
+               baseline: Callable[[str], tuple[str, psutil.Process, Callable[[], None]]] | None = None,
+               ) -> dict[str, list[float]]:
     """CPU ms per stream, per round, of the relay and of the gateway for each dialect, in front of
     the stand-in, arms rotating each round. `gateway(upstream_url)` starts one (url, process, stop);
-    `load(url, dialect)` runs one round of streams and returns how many were served."""
+    `load(url, dialect)` runs one round of streams and returns how many were served. `baseline`
+    starts another checkout's gateway: its arms (`base <dialect>`) run in the same rounds."""
     spawn = multiprocessing.get_context("spawn")
     port, relay_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{port}"
@@ -123,12 +126,17 @@ def stream_cpu(events: list[bytes], rounds: int, dialects: list[str],
     stand_in.start()
     relay.start()
     gw_url, gw_proc, stop = gateway(upstream)
+    stops = [stop]
     try:
         relay_url = f"http://127.0.0.1:{relay_port}"
         _wait_up(relay_url)
         assert relay.pid is not None
         arms: dict[str, tuple[str, psutil.Process, str]] = {"relay": (relay_url, psutil.Process(relay.pid), "chat")}
         arms |= {d: (gw_url, gw_proc, d) for d in dialects}
+        if baseline is not None:
+            base_url, base_proc, base_stop = baseline(upstream)
+            stops.append(base_stop)
+            arms |= {f"base {d}": (base_url, base_proc, d) for d in dialects}
         for url, _, dialect in arms.values():
             load(url, dialect)  # warm-up
         per_round: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -143,7 +151,8 @@ def stream_cpu(events: list[bytes], rounds: int, dialects: list[str],
                 + ", ".join(f"{arm} {per_round[arm][-1]:.2f}" for arm in names))
         return per_round
     finally:
-        stop()
+        for halt in stops:
+            halt()
         for p in (stand_in, relay):
             p.terminate()
             p.join()
@@ -168,13 +177,17 @@ def stream_rows(per_round: dict[str, list[float]]) -> dict[str, dict[str, float 
     relay = per_round["relay"]
     out: dict[str, dict[str, float | list[float]]] = {}
     for arm, cpu in per_round.items():
-        if arm == "relay":
+        if arm == "relay" or arm.startswith("base "):
             continue
         q = statistics.quantiles(cpu, n=4) if len(cpu) > 1 else cpu * 3
         out[arm] = {"gateway_cpu_ms_per_request": statistics.median(cpu), "gateway_cpu_ms_per_request_q1": q[0],
                     "gateway_cpu_ms_per_request_q3": q[2], "gateway_cpu_ms_per_request_rounds": cpu,
                     "relay_cpu_ms_per_stream": statistics.median(relay), "relay_rounds": relay,
                     "reef_added_cpu_ms_per_stream": statistics.median(g - b for g, b in zip(cpu, relay, strict=True))}
+        base = per_round.get(f"base {arm}")
+        if base is not None:  # per round, so drift in the machine's load cancels out
+            out[arm] |= {"baseline_cpu_ms_per_stream": statistics.median(base), "baseline_rounds": base,
+                         "change_vs_baseline": statistics.median(g / b - 1 for g, b in zip(cpu, base, strict=True))}
     return out
 
 
@@ -183,4 +196,7 @@ def describe(rows: dict[str, dict[str, float | list[float]]], tokens: int) -> st
     return (f"stand-in upstream, {tokens}-token streams: a bare SSE relay (uvicorn + Reef's upstream transport, "
             f"nothing parsed or recorded) costs {relay:.2f} ms CPU per stream in the same rounds; Reef adds "
             + ", ".join(f"{r['reef_added_cpu_ms_per_stream']:.2f} ms ({d})" for d, r in rows.items())
-            + " above it")
+            + " above it" + "".join(
+                f"; {d} against the baseline checkout in the same rounds: {r['baseline_cpu_ms_per_stream']:.2f} -> "
+                f"{r['gateway_cpu_ms_per_request']:.2f} ms ({100 * r['change_vs_baseline']:+.1f} %)"
+                for d, r in rows.items() if "baseline_cpu_ms_per_stream" in r))

@@ -248,7 +248,8 @@ def write_store(data_dir: Path | str, *, scenario: str = "demo-add", records: in
     return SyntheticStore(data_dir, scenario, chain, n, reports)
 
 
-def make_lora_candidate(base_model: Path, out: Path, scenario: str = "demo-add", seed: int = 0) -> Path:
+def make_lora_candidate(base_model: Path, out: Path, scenario: str = "demo-add", seed: int = 0,
+                        rank: int = 4) -> Path:
     """A real (untrained, randomly initialised) LoRA adapter on `base_model`, with a candidate.json
     as a recipe writes it: vLLM loads and serves it, so a release of it swaps for real."""
     import torch
@@ -259,13 +260,13 @@ def make_lora_candidate(base_model: Path, out: Path, scenario: str = "demo-add",
 
     torch.manual_seed(seed)
     model, _ = load_model(base_model)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
                                             init_lora_weights=False))
     peft.save_pretrained(out)
     weights = next(base_model.glob("*.safetensors"))
     lineage = {"snapshot_id": f"{scenario}-synthetic-{seed}",
                "snapshot_hash": hashlib.sha256(str(seed).encode()).hexdigest(),
-               "recipe": "dashboard.synthetic:make_lora_candidate", "params": {"r": 4, "seed": seed},
+               "recipe": "dashboard.synthetic:make_lora_candidate", "params": {"r": rank, "seed": seed},
                "parent_release": f"{scenario}@r0", "code_commit": "unknown", "base_model": str(base_model),
                "base_model_sha256": sha256_file(weights), "versions": {}}
     rng = random.Random(seed)  # per-step curves shaped like a real round's: loss down, reward up

@@ -15,6 +15,22 @@ from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.engine.supervisor import free_port
 
 
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, interval_s: float = 0.1) -> bool:
+    """Polls `url` until it answers 200 (True), or `process` exits or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    # One client for every poll: a bare httpx.get builds a new SSL context each time (~40 ms of CPU),
+    # which over a vLLM startup of a minute at 10 polls a second is most of a core.
+    with httpx.Client(timeout=1.0) as http:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if http.get(url).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(interval_s)
+    return False
+
+
 class ServeProcess:
     def __init__(self, workdir: Path, args: list[str] | None = None, env: dict[str, str] | None = None,
                  port: int | None = None):
@@ -39,21 +55,12 @@ class ServeProcess:
                  "--port", str(self.port), *self.args],
                 cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
             )
-        deadline = time.monotonic() + timeout_s
-        # One client for every poll: a bare httpx.get builds a new SSL context each time (~40 ms of CPU),
-        # which over a vLLM startup of a minute at 10 polls a second is most of a core.
-        with httpx.Client(timeout=1.0) as http:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"reef serve exited:\n{self.log_path.read_text()[-3000:]}")
-                try:
-                    if http.get(f"{self.url}/healthz").status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
-        self.kill()
-        raise RuntimeError(f"reef serve not healthy after {timeout_s} s; see {self.log_path}")
+        if not wait_healthy(f"{self.url}/healthz", self.process, timeout_s):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"reef serve exited:\n{self.log_path.read_text()[-3000:]}")
+            self.kill()
+            raise RuntimeError(f"reef serve not healthy after {timeout_s} s; see {self.log_path}")
+        return self
 
     def stop(self, timeout_s: float = 120.0) -> int:
         """SIGTERM, as Ctrl-C would; returns the exit code."""

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import signal
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -18,8 +19,10 @@ import uvicorn
 
 from reef.config import DEFAULT_MODEL, ConfigError, ServeConfig
 from reef.core.paths import DataDir
+from reef.engine.fleet import EngineFleet
+from reef.engine.replica_weights import ReplicaWeights
 from reef.engine.supervisor import EngineSupervisor
-from reef.engine.weights import EngineWeights
+from reef.engine.weights import EngineWeights, Weights
 from reef.experience.store import ExperienceStore
 from reef.gateway.app import create_server_app
 from reef.gateway.sessions import SessionIndex
@@ -29,6 +32,7 @@ from reef.learn.learner import Learner, LearnerConfigError, scenario_plans
 from reef.registry.state import STATE_URL_ENV
 from reef.serving.follow import follow_heads
 from reef.serving.publisher import Publisher
+from reef.serving.replica_sync import sync_replica
 from reef.serving.routing import Routes
 
 log = logging.getLogger("reef.serve")
@@ -76,7 +80,7 @@ def serve(config: ServeConfig) -> None:
     data_dir = Path(config.data_dir)
     if config.state.url:  # the rounds and gates this server starts read the chains it publishes to
         os.environ[STATE_URL_ENV] = config.state.url
-    engine: EngineSupervisor | None = None
+    engine: EngineSupervisor | EngineFleet | None = None
     learner: Learner | None = None
     store = ExperienceStore(data_dir, config.store)
     plans = None
@@ -89,6 +93,13 @@ def serve(config: ServeConfig) -> None:
         urls = config.upstream.replica_urls
         if urls:
             base_url = urls[0]
+        elif config.engine.replicas > 1:  # N engines behind the balancer, like upstream.urls
+            ensure_default_model(config)
+            engine = EngineFleet(config, DataDir(data_dir).logs)
+            log.info("starting %d vLLM engines for %s", config.engine.replicas, config.model_path)
+            urls = engine.start()
+            base_url = urls[0]
+            log.info("vLLM engines healthy at %s after %.1f s", ", ".join(urls), engine.startup_s or 0)
         else:
             ensure_default_model(config)
             engine = EngineSupervisor(config, DataDir(data_dir).logs / "vllm.log")
@@ -103,14 +114,13 @@ def serve(config: ServeConfig) -> None:
             routes=Routes(config.model_name),
         )
         # Weights go straight to the engine (vLLM's own endpoints), not through the gateway's routes.
-        # Several replicas: none, until a release reaches every replica as one step (issue 26 part 2);
-        # releases that only route or change the harness are the gateway's own and still work.
-        several = len(urls) > 1
-        weights = None if several else EngineWeights(base_url, config.upstream.api_key)
+        # Several replicas: to every one in service as one step, and to one that comes back before
+        # it takes calls again (reef.engine.replica_weights, reef.serving.replica_sync).
+        weights: Weights = (ReplicaWeights(urls, state.upstream, config.upstream.api_key) if state.upstream.several
+                            else EngineWeights(base_url, config.upstream.api_key))
         state.publisher = Publisher(config, state.routes, state.hold, weights, state.canaries)
-        if several:
-            state.publisher.unmanaged = (f"this server balances {len(urls)} upstream replicas, and releases that "
-                                         "load weights do not reach every replica as one step yet (issue 26)")
+        if state.upstream.several:
+            state.upstream.sync = partial(sync_replica, state.publisher)
         if plans is not None:
             # The gate generates with the engine itself (vLLM), never through the recording gateway.
             learner = state.learner = Learner(config, plans, engine_url=base_url, engine_model=config.model_name,
@@ -170,6 +180,7 @@ async def _run(server: uvicorn.Server, state: GatewayState) -> None:
                 log.warning("%s returns no token ids: records hold text only, and recipes that train on "
                             "recorded ids skip them", state.upstream.base_url)
         if state.upstream.several:  # a replica that failed serves again once its /health answers
+            await state.upstream.healthy()  # one down at start gets no release: it is brought in step when back
             probing = asyncio.get_running_loop().create_task(
                 state.upstream.watch(state.config.upstream.health_interval_s))
         if state.publisher is not None:

@@ -16,7 +16,7 @@ import pytest
 
 from recipes.explore.recipe import SOURCE, target_ids, training_rows
 from reef.config import ServeConfig
-from reef.config.serve import ExploreSettings
+from reef.config.learner import ExploreSettings
 from reef.experience.store import ExperienceStore
 from reef.learn.ladder import RATE_WINDOW_S, Exploration, explore_reason, live_wait_s
 from reef.learn.learner import Learner

@@ -1,7 +1,8 @@
 """The gate through the serving engine (the session's real vLLM): it selects a trained LoRA and
 rejects an unchanged one, leaves no temporary adapter loaded (also after an engine error, and
 after a gate process that was killed), counts replies the reward cannot score instead of scoring
-them 0, uses only free adapter slots, and agrees with the transformers path within noise."""
+them 0, uses only free adapter slots, agrees with the transformers path within noise, and samples the head
+arm once per head (the learner's warm-up; reef.gate.head_replies)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
-from reef.config import GateSettings
+from reef.config import GateSettings, resolve
 from reef.engine.weights import EngineWeights
 from reef.gate.arms import Weights
 from reef.gate.evaluate import evaluate_candidate, gate_weights
+from reef.gate.warm import warm_head
+from reef.learn.learner import Learner
+from reef.learn.plan import RoundRequest
 from reef.recipe import Candidate
+from reef.registry.base_model import ensure_scenario
 from reef.registry.candidates import GateResult, register_candidate
 from reef.sampling.engine import TEMP_PREFIX, EngineEndpoint
 from reef.scenario import EvalSpec, Scenario, eval_suite
@@ -203,3 +209,62 @@ def test_engine_replies_are_reproducible_under_load(cands: dict[str, Candidate],
     first = run()
     assert run() == first
     assert len({r for replies in first for r in replies}) > 1  # sampled, not greedy
+
+
+def test_the_head_arm_is_sampled_once_per_head_ahead_of_the_gate(cands: dict[str, Candidate], engine: EngineEndpoint,
+                                                                  tiny_model: Path, tmp_path: Path) -> None:
+    """The learner's warm-up samples the head's replies to every eval task and keeps them; the
+    gate then samples the candidate's arm alone, and gating the same candidate again gives the same
+    verdict on the same replies."""
+    data = tmp_path / "data"
+    view = register_candidate(data, cands["trained"].path)
+    ensure_scenario(data, view.scenario, str(tiny_model))
+    settings = GateSettings(samples=2)
+    warmed = warm_head(data, view.scenario, settings, engine)
+    assert warmed.skipped is None and warmed.tasks == 80
+    assert (warmed.kept_before, warmed.sampled, warmed.faulted) == (0, 80, 0) and warmed.complete
+    again = warm_head(data, view.scenario, settings, engine)
+    assert (again.kept_before, again.sampled) == (80, 0)
+
+    first = evaluate_candidate(data, view.candidate_id, settings, engine=engine, progress=False)
+    assert first.backend == "engine" and first.decision == "select", first.reason
+    assert first.head_replies_reused == first.tasks_sampled > 0, first.reason
+    assert "kept from before it" in first.reason
+    second = evaluate_candidate(data, view.candidate_id, settings, engine=engine, progress=False)
+    assert (second.decision, second.candidate_success, second.head_success) == (
+        first.decision, first.candidate_success, first.head_success), (first.reason, second.reason)
+    # Another sampling setting is another sample of the head: nothing kept is reused for it.
+    other = warm_head(data, view.scenario, settings.model_copy(update={"samples": 1}), engine)
+    assert (other.kept_before, other.sampled) == (0, 80)
+    assert temporary(engine) == []
+
+
+def test_the_learner_warms_the_next_gate_while_no_round_is_due(engine: EngineEndpoint, tiny_model: Path,
+                                                                tmp_path: Path) -> None:
+    """With nothing due, a tick samples the head's replies in the round process, once per head; a
+    round that becomes due stops a warm-up (no error), and the next idle tick finishes it."""
+    data = tmp_path / "data"
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({
+        "data_dir": str(data), "model": str(tiny_model), "served_model_name": MODEL_NAME,
+        "learner": {"enabled": True, "interval_s": 0.2}, "release": {"gate": {"samples": 2}},
+        "recipes": {"mine": {"recipe": "rft"}}, "scenarios": {demo.SCENARIO: {"recipe": "mine"}}}))
+    config, _ = resolve(config_file=tmp_path / "serve.yaml")
+    _, r0 = ensure_scenario(data, demo.SCENARIO, str(tiny_model))
+    learner = Learner(config, engine_url=engine.url, engine_model=MODEL_NAME)
+    state = learner.scenarios[demo.SCENARIO]
+
+    # A round due at the first look stops the warm-up's process before it has sampled anything.
+    request = RoundRequest(plan=state.plan, gate=config.release.gate, engine=learner._engine(),
+                           config_file=config.config_file, warm=True)
+    assert learner._run_request(state, request, "warm", interrupt=lambda: True) is None
+    assert state.last_error is None and learner._process is not None and learner._process.poll() is not None
+
+    assert learner.tick() is None  # nothing due: the idle tick warms
+    assert state.last_error is None, state.last_error
+    assert state.warmed == r0.release_id and state.warm is not None, state.warm
+    assert state.warm["complete"] and state.warm["kept_before"] + state.warm["sampled"] == 80, state.warm
+    assert learner.describe()["scenarios"][demo.SCENARIO]["warm"] == state.warm
+    warm_log = data / "learner" / demo.SCENARIO / "warm.json"
+    written = warm_log.stat().st_mtime_ns
+    assert learner.tick() is None and warm_log.stat().st_mtime_ns == written  # once per head
+    assert temporary(engine) == []

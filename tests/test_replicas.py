@@ -5,6 +5,11 @@ replica), so a test can `kill -9` one under load; the client is the real openai 
 same session (header or conversation) stays on one replica, sessions spread over both, a killed
 replica fails no JSON call and is shown down, it takes calls again once restarted, a stream cut
 mid-way ends with an error event, and every record names the replica that served it.
+
+Without a model (part 2's rules, with in-process engines): an adapter loads on every replica or on
+none, a replica whose weight reload failed is out until it is brought in step, and an out replica is
+never tried meanwhile; `engine.replicas: N`'s ports, logs and device shares. Releases through two
+real vLLM replicas: tests/test_replica_releases.py.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ import pytest
 from aiohttp import web
 
 from reef.config import ConfigError, resolve
+from reef.engine.fleet import EngineFleet, device_shares
 from reef.engine.hold import EngineHold
-from reef.engine.supervisor import free_port
+from reef.engine.replica_weights import ReplicaWeights
+from reef.engine.supervisor import EngineError, free_port
+from reef.engine.weights import EngineWeightsError
+from reef.gateway.transport import replicas as replicas_module
 from reef.gateway.transport.replicas import Replicas, affinity_key, label
 from reef.gateway.transport.upstream import UpstreamError
 from reef.serve_process import ServeProcess
@@ -208,24 +217,95 @@ def test_rendezvous_moves_only_the_missing_replicas_keys() -> None:
     assert label("http://user:secret@host:1/v1/") == "http://host:1/v1"
 
 
-def test_several_replicas_refuse_what_is_not_multi_replica_yet() -> None:
+def test_several_replicas_config() -> None:
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    with pytest.raises(ConfigError, match="learner.enabled: the learner"):
-        resolve({"upstream.urls": urls, "learner.enabled": True}, environ={})
+    # Releases reach every replica as one step (tests/test_replica_releases.py): the learner may run.
+    config, _ = resolve({"upstream.urls": urls, "learner.enabled": True}, environ={})
+    assert config.learner.enabled and config.upstream.replica_urls == urls
     with pytest.raises(ConfigError, match="not both"):
         resolve({"upstream.urls": urls, "upstream.url": "http://127.0.0.1:3"}, environ={})
     config, _ = resolve({"upstream.urls": urls[:1]}, environ={})
     assert config.upstream.url == urls[0], "one replica is the one-upstream setup"
 
 
-def test_weight_release_refused_with_several_replicas(tmp_path: Path) -> None:
-    """Loads of weights go nowhere with several replicas (reef.server gives the publisher no engine)."""
+def test_weight_release_refused_without_weights(tmp_path: Path) -> None:
+    """A publisher given no engine weights says why it loads none."""
     config, _ = resolve({"upstream.urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"],
                          "data_dir": str(tmp_path)}, environ={})
     publisher = Publisher(config, Routes(config.model_name), EngineHold(), None, Canaries())
     publisher.unmanaged = "balances 2 upstream replicas"
     with pytest.raises(SwapFailedError, match="balances 2 upstream replicas"):
         asyncio.run(publisher._load("s", "0" * 64, "lora"))
+
+
+async def _ok(_: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def _engines(refuse: str) -> tuple[list[web.AppRunner], dict[str, str], dict[str, list[str]]]:
+    """Two in-process engines, `a` and `b`, with vLLM's adapter and reload endpoints; `refuse`
+    answers 400 to a load. Returns (runners, name -> url, name -> the calls each got)."""
+    runners, urls, calls = [], {}, {}
+    for name in ("a", "b"):
+        got: list[str] = []
+
+        async def endpoint(request: web.Request, name: str = name, got: list[str] = got) -> web.Response:
+            body = await request.json() if request.can_read_body else {}
+            got.append(f"{request.path} {body.get('lora_name', '')}".strip())
+            if name == refuse and request.path in ("/v1/load_lora_adapter", "/collective_rpc"):
+                return web.json_response({"error": {"message": f"{name} says no"}}, status=400)
+            return web.json_response({"success": True})
+
+        app = web.Application()
+        for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/pause", "/collective_rpc",
+                     "/reset_prefix_cache", "/resume"):
+            app.router.add_post(path, endpoint)
+        app.router.add_get("/health", _ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        urls[name], calls[name] = f"http://127.0.0.1:{port}", got
+    return runners, urls, calls
+
+
+def test_an_adapter_loads_on_every_replica_or_on_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        runners, urls, calls = await _engines(refuse="b")
+        replicas = Replicas([urls["a"], urls["b"]])
+        weights = ReplicaWeights([urls["a"], urls["b"]], replicas)
+        try:
+            with pytest.raises(EngineWeightsError, match=f"replica {label(urls['b'])}: loading adapter x"):
+                await weights.load_lora("x", Path("/adapters/x"))
+            assert calls["a"] == ["/v1/load_lora_adapter x", "/v1/unload_lora_adapter x"], "a took it back"
+            assert replicas.in_service() == [urls["a"], urls["b"]], "a refusal leaves the replica in"
+            # A failed full-weight reload leaves weights nobody knows: that replica is out until in step.
+            with pytest.raises(EngineWeightsError, match=f"replica {label(urls['b'])}: reloading weights"):
+                await weights.reload_full(Path("/weights/new"))
+            assert replicas.in_service() == [urls["a"]]
+            replicas.sync = None  # (just the order: no sync hook) an out replica is still tried last
+            assert [r.url for r in replicas._order("k")][-1] == urls["b"]
+
+            async def refuse_then_accept(url: str) -> bool:
+                synced.append(url)
+                return len(synced) > 1
+
+            synced: list[str] = []
+            replicas.sync = refuse_then_accept
+            monkeypatch.setattr(replicas_module, "SYNC_RETRY_S", 0.1)
+            assert [r.url for r in replicas._order("k")] == [urls["a"]], "an out replica is never tried"
+            watching = asyncio.get_running_loop().create_task(replicas.watch(0.05))
+            await asyncio.sleep(0.5)
+            watching.cancel()
+            assert synced[:2] == [urls["b"], urls["b"]] and replicas.in_service() == [urls["a"], urls["b"]]
+        finally:
+            await weights.close()
+            await replicas.aclose()
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(run())
 
 
 def test_busy_replica_is_passed_over_and_an_engine_error_is_not() -> None:
@@ -276,3 +356,21 @@ def test_busy_replica_is_passed_over_and_an_engine_error_is_not() -> None:
                 await runner.cleanup()
 
     asyncio.run(run())
+
+
+def test_engine_replicas_fleet(tmp_path: Path) -> None:
+    """`engine.replicas: N`: N supervisors, each its own port and log, and on GPUs its devices."""
+    config, _ = resolve({"engine.replicas": 3, "engine.port": 41000, "data_dir": str(tmp_path)}, environ={})
+    fleet = EngineFleet(config, tmp_path / "logs")
+    assert [e.port for e in fleet.engines] == [41000, 41001, 41002]
+    assert [e.log_path.name for e in fleet.engines] == ["vllm.log", "vllm-1.log", "vllm-2.log"]
+    assert fleet.urls == [f"http://127.0.0.1:{p}" for p in (41000, 41001, 41002)]
+    config, _ = resolve({"engine.replicas": 2, "data_dir": str(tmp_path)}, environ={})
+    ports = [e.port for e in EngineFleet(config, tmp_path / "logs").engines]
+    assert len(set(ports)) == 2 and config.port not in ports
+    assert device_shares(2, None, 0) == [None, None]  # CPU: no devices to split
+    assert device_shares(2, None, 4) == ["0,1", "2,3"] and device_shares(2, "5,7", 2) == ["5", "7"]
+    with pytest.raises(EngineError, match="needs a GPU each"):
+        device_shares(3, None, 2)
+    with pytest.raises(ConfigError, match="engine.replicas"):
+        resolve({"engine.replicas": 2, "upstream.url": "http://127.0.0.1:1"}, environ={})

@@ -93,6 +93,7 @@ class Explore(Recipe):
     stale_policies = ("drop",)
     needs_experience = False  # it makes its own; recorded rewarded records join them when there are any
     waits_for = frozenset({"records"})
+    samples_engine = True  # its rollouts: one process samples them (reef.learn.launch)
 
     def experience(self) -> ExperienceSpec:
         c = self.config

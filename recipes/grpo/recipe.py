@@ -66,6 +66,7 @@ class GRPO(Recipe):
     stale_policies = ("drop",)
     needs_experience = False  # it samples its own
     waits_for = frozenset({"records"})
+    samples_engine = True  # its rollouts: one process samples them (reef.learn.launch)
 
     def build_trainer(
         self, snapshot: Snapshot, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, output_dir: Path

@@ -20,6 +20,11 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--scenario", help="default: the only scenario params.yaml declares")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe param")
     run.add_argument("--no-eval", action="store_true", help="neither register nor gate the candidate")
+    run.add_argument("--launcher", choices=["process", "accelerate"], default="process",
+                     help="accelerate: train through `accelerate launch`, several processes (reef.learn.launch)")
+    run.add_argument("--num-processes", type=int, default=2, help="with --launcher accelerate (default 2)")
+    run.add_argument("--accelerate-config", type=Path, help="with --launcher accelerate: an accelerate config "
+                     "file (DDP, FSDP, DeepSpeed); it decides the processes")
     run.add_argument("--quiet", action="store_true")
 
     learn = sub.add_parser("learn", help="run a learning round (snapshot -> train -> evaluate)")
@@ -36,13 +41,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _recipe(args: argparse.Namespace) -> int:
     from reef.config import parse_overrides
+    from reef.config.learner import AccelerateSettings
     from reef.learn.pipeline import run_recipe
     from reef.recipe.snapshot import EmptySnapshotError
 
     try:
         overrides = parse_overrides(args.set)
+        launcher = (AccelerateSettings(num_processes=args.num_processes, config_file=args.accelerate_config)
+                    if args.launcher == "accelerate" else None)
         out = run_recipe(args.name, args.params, overrides, scenario=args.scenario, evaluate=not args.no_eval,
-                         progress=not args.quiet)
+                         progress=not args.quiet, launcher=launcher)
     except (ValueError, TypeError, LookupError, ModuleNotFoundError, EmptySnapshotError) as exc:
         raise UsageError(str(exc)) from exc
     print(json.dumps(out, indent=2, default=str))

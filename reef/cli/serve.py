@@ -68,6 +68,10 @@ def _status(args: argparse.Namespace) -> int:
         state = (running if one.get("running") else rung or one.get("waiting")
                  or ("due" if one.get("pending") is not None else "not counted yet"))
         last = f"; round {rnd['round_id']} {rnd['state']}" if rnd else ""
+        warm = one.get("warm") or {}  # the learner's warm-up of the next gate (reef.gate.warm)
+        if warm.get("tasks"):
+            kept = warm["kept_before"] + warm["sampled"]
+            last += f"; next gate: the head's replies to {kept} of {warm['tasks']} tasks kept"
         console.print(f"learner {name} ({one.get('recipe')}): {state}; {one.get('rounds', 0)} rounds{last}",
                       markup=False, soft_wrap=True)
     return 0

@@ -49,6 +49,10 @@ class GateSettings(BaseModel):
                        "both statistics pass at early_confidence (reef.gate.looks); 1: one look at every task")
     early_confidence: float = Field(default=0.999, gt=0, lt=1, description="what an early selection needs, in "
                                     "place of confidence (Haybittle-Peto: strict, so the last look keeps confidence)")
+    reuse_head_replies: bool = Field(default=True, description="on the engine, keep the head's replies to each task "
+                                     "between gates against the same head, and let the learner sample them while it "
+                                     "waits for experience: a gate then samples the candidate's arm alone "
+                                     "(reef.gate.head_replies); gates against one head then share the head's sample")
 
 
 def move_keys(source: dict[str, Any], target: Any, moves: Mapping[str, str], old: str, new: str) -> dict[str, Any]:

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from reef.config.gate import GateSettings, move_keys
+from reef.config.learner import LearnerConfig
+from reef.config.strict import Strict as _Strict
 from reef.core.paths import DEFAULT_DATA_DIR
 from reef.scenario.schema import Policy, RecipeSpec, Scenario
 
@@ -46,11 +48,6 @@ DEFAULT_MODEL = find_default_model()
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 
-class _Strict(BaseModel):
-    # An unknown key is an error naming that key, never silently ignored.
-    model_config = ConfigDict(extra="forbid")
-
-
 class EngineConfig(_Strict):
     """The vLLM OpenAI server that `reef serve` starts and supervises."""
 
@@ -65,6 +62,9 @@ class EngineConfig(_Strict):
     enforce_eager: bool = False
     startup_timeout_s: float = 600.0
     enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")
+    replicas: int = Field(default=1, ge=1, description="vLLM engines of the model, each its own process group, "
+                          "port and (on GPUs) share of the devices, balanced by the gateway with session "
+                          "affinity; releases load into every one (reef.engine.fleet)")
     max_lora_rank: int = Field(default=16, ge=1)
     max_loras: int = Field(default=4, ge=1, description="adapters per batch; the head, the previous and a canary")
     tool_parser: str | None = Field(
@@ -88,9 +88,9 @@ class UpstreamConfig(_Strict):
     (`urls`), balanced with session affinity (reef.gateway.transport.replicas)."""
 
     url: str | None = None
-    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26); "
-                            "with more than one, releases that load weights and the learner are refused "
-                            "until releases reach every replica as one step")
+    urls: list[str] = Field(default_factory=list, description="several replicas of one model (issue 26), "
+                            "balanced with session affinity; a release loads into every one before the head "
+                            "moves, and each must read the gateway's artifact store at the same path")
     api_key: str | None = Field(default=None, description="sent to every replica")
     token_ids: Literal["auto", "on", "off"] = Field(
         default="auto", description="ask for vLLM's return_token_ids; auto: if GET /v1/models says vLLM serves"
@@ -131,114 +131,6 @@ class StateConfig(_Strict):
                             "`postgres` extra); unset: state in files under data_dir")
     poll_s: float = Field(default=1.0, gt=0, description="with url: how often this gateway reads every head, to "
                           "serve a release made through another gateway (reef.serving.follow)")
-
-
-class ExploreSettings(_Strict):
-    """The learner's first rung when live rewards are rare (reef.learn.ladder): an exploration round
-    (recipe `explore`: the policy's own rollouts on the scenario's practice tasks, scored by its
-    reward, the successes fine-tuned) instead of waiting, for a scenario whose own recipe waits for
-    rewarded records, trains a LoRA, and which declares a reward and `tasks:` (no environment)."""
-
-    enabled: bool = Field(default=True, description="false: a scenario's round only ever waits for live rewards")
-    recipe: str = Field(default="explore", description="the exploration recipe: a built-in name or module:Class")
-    params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (samples, temperature, "
-                                   "max_prompts, guided, ...)")
-    min_reports: int = Field(default=16, ge=1, description="reported live records, fewer than min_rewarded of them "
-                             "rewarded, before rewards count as rare")
-    live_horizon_s: float | None = Field(default=300.0, gt=0, description="explore only when live traffic, at the "
-                                         "rate reports and rewards arrived over the last two minutes, would take "
-                                         "longer than this to bring the rewarded records the own recipe waits for; "
-                                         "null: as soon as rewards are rare")
-    retry_s: float = Field(default=300.0, gt=0, description="the wait after an exploration round before the next; "
-                           "doubled after each that released nothing (up to 8x)")
-    rl_recipe: str | None = Field(default="grpo", description="the on-policy RL recipe an exploration round "
-                                  "becomes once successes are not rare; null: always `recipe`")
-    rl_params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (num_generations, "
-                                      "prompts_per_step, max_steps, ...)")
-    rl_above: float = Field(default=0.25, gt=0, le=1, description="the share of the last exploration round's "
-                            "unguided rollouts that passed at or above which the next one is `rl_recipe`'s")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flag(cls, data: Any) -> Any:
-        return {"enabled": data} if isinstance(data, bool) else data
-
-
-class ShareSettings(_Strict):
-    """How a round's engine requests (rollouts, the gate's replies) share the engine with users
-    (reef.sampling.sharing): counted in sequences, a request's `n` choices being `n`."""
-
-    beside_users: int | None = Field(default=2, ge=1, description="a round's sequences in flight while the engine "
-                                     "serves anyone else (at least); null: no yielding (a GPU engine with room to "
-                                     "spare)")
-    per_user: float = Field(default=0.5, ge=0, description="beside users, this many of a round's sequences per user "
-                            "call in flight when that is more than `beside_users` (0.5: at most a third of the batch)")
-    alone: int | None = Field(default=8, ge=1, description="a round's sequences in flight while it serves no one "
-                              "else (a user who arrives waits behind them); null: the recipe's or gate's concurrency")
-
-
-class HarnessRungSettings(_Strict):
-    """The learner's rung before exploration (reef.learn.harness_rung): while a scenario's own recipe
-    still waits for rewarded records but a few are in, a harness round (recipe `harness_evolve`,
-    proposer `mined`) shows them as few-shot examples, gated and released like any candidate. Once
-    per head release, for a scenario whose head harness has no examples yet and whose harness the
-    gateway applies (`harness.inject` not `off`)."""
-
-    enabled: bool = Field(default=True, description="false: the ladder starts at exploration")
-    recipe: str = Field(default="harness_evolve", description="the harness recipe: a built-in name or module:Class")
-    params: dict[str, Any] = Field(default_factory=dict, description="its config's fields (max_shots, ...); the "
-                                   "rung sets proposer mined, failure_below to the own recipe's threshold and "
-                                   "consume false unless given here")
-    min_rewarded: int = Field(default=2, ge=1, description="rewarded records (as the own recipe counts them) before "
-                              "a harness round, fewer than the own recipe's min_rewarded")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flag(cls, data: Any) -> Any:
-        return {"enabled": data} if isinstance(data, bool) else data
-
-
-class LearnerConfig(_Strict):
-    """The learner `reef serve` runs: rounds for every scenario that declares a recipe
-    (`scenarios.<s>.recipe`, a name in `recipes:`), whenever enough new experience waits."""
-
-    enabled: bool = False
-    interval_s: float = Field(default=30.0, gt=0, description="how often to check for pending experience")
-    # A round waits for enough signal, not for the first record: each count is of the eligible new
-    # records (unconsumed, trainable, reported when the recipe needs reports). A recipe setting
-    # (`recipes.<name>`) overrides each; a count the recipe does not learn from (rft trains on rewarded
-    # records only, next_turn reads no reports, a harness recipe learns from failures; `Recipe.waits_for`)
-    # is not waited for unless its setting names it.
-    min_records: int = Field(default=16, ge=1, description="eligible new records (those the round's snapshot would "
-                             "take, uncapped by batch_size) that start a round, unless the scenario's recipe sets "
-                             "min_records; left unset, a recipe that learns from rewarded records only (rft) "
-                             "waits for min_rewarded of them instead")
-    min_rewarded: int = Field(default=4, ge=0, description="of them, records with a reward: above 0, or at least the "
-                              "recipe's min_score (rft: 1.0; kto: threshold; harness recipes: failure_below), "
-                              "unless the recipe sets min_rewarded")
-    min_unrewarded: int = Field(default=4, ge=0, description="records reported with a reward of 0 (or below the "
-                                "recipe's min_score / failure_below), unless the recipe sets min_unrewarded")
-    gate_retries: int = Field(default=2, ge=0, description="times a candidate whose gate was void (engine faults, "
-                              "too few scored pairs: no judgement) is gated again, one try per interval before any "
-                              "new round of its scenario; then it stays void until someone runs `reef gate`")
-    harness: HarnessRungSettings = Field(default_factory=HarnessRungSettings, description="a harness round "
-                                         "showing the first rewarded replies as few-shot examples (false: off)")
-    explore: ExploreSettings = Field(default_factory=ExploreSettings, description="exploration rounds while live "
-                                     "rewards are rare (false: off)")
-    round_nice: int = Field(default=10, ge=0, le=19, description="the niceness added to each round process (training, "
-                            "the gate's scoring): on a few cores the engine and the gateway, which serve users, "
-                            "win the CPU while a round trains; 0: the round runs at the server's priority")
-    share: ShareSettings = Field(default_factory=ShareSettings, description="users first: how many of a round's "
-                                 "engine requests run beside users' ones")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_params_file(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "params" in data:
-            raise ValueError("learner.params was removed: the server's learner takes each scenario's recipe from "
-                             "serve.yaml (`recipes.<name>: {recipe, batch_size, max_staleness, params}` and "
-                             "`scenarios.<s>.recipe: <name>`); params.yaml stays the DVC pipeline's parameter file")
-        return data
 
 
 class LimitsConfig(_Strict):
@@ -472,11 +364,10 @@ def _check_recipes(config: ServeConfig) -> None:
 
 
 def _check_replicas(config: ServeConfig) -> None:
-    """The learner releases weights into one engine; several replicas must all get a release before
-    the head moves (issue 26 part 2, not built): refused rather than served by a mix of releases."""
-    if len(config.upstream.replica_urls) > 1 and config.learner.enabled:
-        raise ConfigError("invalid config: learner.enabled: the learner's releases load weights, which do not "
-                          "reach every one of several upstream.urls yet; run it on a gateway with one upstream")
+    """engine.replicas starts engines; with upstream.url(s) Reef starts none."""
+    if config.engine.replicas > 1 and config.upstream.replica_urls:
+        raise ConfigError("invalid config: engine.replicas: Reef starts no engine in front of upstream.url(s); "
+                          "list every replica in upstream.urls instead")
 
 
 def _import_dirs(config: ServeConfig, *extra: Path | None) -> list[Path]:

@@ -41,6 +41,10 @@ class DataDir:
         """The learner's rounds: `learner/rounds.jsonl`, `learner/<scenario>/` (round events, request, result, log)."""
         return self._per_scenario("learner", scenario)
 
+    def gate(self, scenario: str | None = None) -> Path:
+        """What the gate keeps between gates: `gate/<scenario>/head-replies.jsonl` (reef.gate.head_replies)."""
+        return self._per_scenario("gate", scenario)
+
     def snapshots(self, scenario: str | None = None) -> Path:
         """Frozen experience a round trains on: `snapshots/<scenario>/` (fixed) or `snapshots/<id>/`."""
         return self._per_scenario("snapshots", scenario)

@@ -89,10 +89,13 @@ def _cuda_available() -> bool:
 
 
 class EngineSupervisor:
-    def __init__(self, config: ServeConfig, log_path: Path):
+    def __init__(self, config: ServeConfig, log_path: Path, port: int | None = None,
+                 devices: str | None = None):
+        """`port`, `devices` (CUDA_VISIBLE_DEVICES): one of several engines (reef.engine.fleet)."""
         self.config = config
         self.log_path = log_path
-        self.port = config.engine.port or free_port(avoid={config.port})
+        self.port = port or config.engine.port or free_port(avoid={config.port})
+        self.devices = devices
         self.process: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None
         self.started_at: float | None = None
@@ -136,6 +139,8 @@ class EngineSupervisor:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        if self.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices
         if not _cuda_available():
             env.setdefault("VLLM_TARGET_DEVICE", "cpu")
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.engine.kv_cache_gib))
@@ -161,7 +166,15 @@ class EngineSupervisor:
 
     def start(self) -> str:
         """Starts vLLM and blocks until it answers `/health`; returns its base URL."""
+        self.launch()
+        return self.wait_started()
+
+    def launch(self) -> None:
+        """Starts vLLM without waiting for it (several start at once: reef.engine.fleet)."""
         self._spawn()
+
+    def wait_started(self) -> str:
+        """Blocks until the launched vLLM answers `/health` (stopped if it does not); its base URL."""
         try:
             self._wait_healthy()
         except BaseException:

@@ -10,7 +10,7 @@ work; `/sleep`, `/wake_up` and the NCCL weight-transfer engine do not (shared/no
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -21,8 +21,25 @@ class EngineWeightsError(RuntimeError):
     pass
 
 
+class Weights(Protocol):
+    """What releases need of the weights that serve: one engine (EngineWeights), or every replica
+    of several as one step (reef.engine.replica_weights.ReplicaWeights)."""
+
+    async def load_lora(self, name: str, path: Path) -> None: ...
+
+    async def unload_lora(self, name: str) -> None: ...
+
+    async def reload_full(self, path: Path) -> None: ...
+
+    async def answers(self, model: str, messages: list[dict[str, Any]],
+                      max_tokens: int) -> list[tuple[str | None, str]]: ...
+
+    async def close(self) -> None: ...
+
+
 class EngineWeights:
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 120.0) -> None:
+        self.url = url
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s)
 
@@ -75,3 +92,8 @@ class EngineWeights:
             problem = "unexpected answer" if exc.problem else f"HTTP {exc.status}"
             raise EngineWeightsError(f"{what}: {problem} {exc.text[:300]}") from exc
         return reply.text
+
+    async def answers(self, model: str, messages: list[dict[str, Any]],
+                      max_tokens: int) -> list[tuple[str | None, str]]:
+        """[(None, the greedy reply)]: one engine, named by nobody (see `Weights`)."""
+        return [(None, await self.greedy(model, messages, max_tokens))]

@@ -39,11 +39,13 @@ ARMS = ("candidate", "head")
 @dataclass(frozen=True)
 class Weights:
     """One arm of the gate: a full model folder, a LoRA adapter on it, and the name the engine
-    already serves it under (the base model, a serving release's adapter), if any."""
+    already serves it under (the base model, a serving release's adapter), if any; `content`: its
+    artifact content id, where it is a release's (what its kept replies are keyed by)."""
 
     model: Path
     adapter: Path | None = None
     served: str | None = None
+    content: str | None = None
 
     @classmethod
     def of_folder(cls, path: Path | str) -> Weights:
@@ -134,15 +136,15 @@ def registered_arms(store: ArtifactStore, view: CandidateView, head: Release, r0
                     engine: EngineEndpoint | None) -> Arms:
     """The candidate's weights (or harness) and the head's; raises when the candidate cannot serve
     on the scenario's base."""
-    head_weights = _head_weights(store, head, r0, engine)
+    weights = head_weights(store, head, r0, engine)
     if view.kind == "harness":  # same weights in both arms; the prompts carry each arm's harness
-        return Arms(head_weights, head_weights, HarnessArms(
+        return Arms(weights, weights, HarnessArms(
             load_harness(store, view.candidate_id),
             load_harness(store, head.harness_id) if head.harness_id else None,
             declared_scenario(view.scenario).harness.inject))
     _check_same_base(store, view.candidate_id, r0)
     served = served_harness(store, head, declared_scenario(view.scenario).harness.inject)
-    return Arms(Weights(*model_folders(store, view.candidate_id)), head_weights, served)
+    return Arms(Weights(*model_folders(store, view.candidate_id)), weights, served)
 
 
 def served_harness(store: ArtifactStore, head: Release, inject: str) -> HarnessArms | None:
@@ -167,10 +169,11 @@ def _check_same_base(store: ArtifactStore, candidate: str, r0: Release) -> None:
         raise ValueError("the candidate's tokenizer or chat template differs from the base model's")
 
 
-def _head_weights(store: ArtifactStore, head: Release, r0: Release, engine: EngineEndpoint | None) -> Weights:
+def head_weights(store: ArtifactStore, head: Release, r0: Release, engine: EngineEndpoint | None) -> Weights:
+    """The head's weights as the gate samples them: on `engine` under the name it serves them by."""
     model, adapter = model_folders(store, head.content_id)
     if engine is None:
-        return Weights(model, adapter)
+        return Weights(model, adapter, content=head.content_id)
     if head.content_id == r0.content_id:
-        return Weights(model, None, engine.model)
-    return Weights(model, adapter, adapter_name(head.content_id) if adapter is not None else None)
+        return Weights(model, None, engine.model, head.content_id)
+    return Weights(model, adapter, adapter_name(head.content_id) if adapter is not None else None, head.content_id)

@@ -33,6 +33,7 @@ from pathlib import Path
 from reef.config import GateSettings
 from reef.gate.arms import HarnessArms, Weights, engine_holds_base, first_head, folder_arms, registered_arms
 from reef.gate.faults import GateFaultError, fault_of
+from reef.gate.head_replies import HeadReplies
 from reef.gate.looks import merge, part, plan_looks
 from reef.gate.sample import Replies, sample_arms
 from reef.gate.scoring import score_replies, suite_for
@@ -53,13 +54,13 @@ from reef.registry.state import open_chain
 from reef.sampling.engine import EngineEndpoint, add_engine_arguments, engine_of
 from reef.scenario import EvalSuite
 
-__all__ = ["evaluate_candidate", "gate_folders", "gate_weights"]
+__all__ = ["evaluate_candidate", "gate_folders", "gate_weights", "schedule"]
 
 
 def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: GateSettings | None = None, *,
                  engine: EngineEndpoint | None = None, head_label: str = "head", head_release_id: str | None = None,
                  data_dir: Path | str | None = None, progress: bool = True,
-                 harnesses: HarnessArms | None = None) -> GateResult:
+                 harnesses: HarnessArms | None = None, kept: HeadReplies | None = None) -> GateResult:
     """Compare two models on `suite`; raises on any error (evaluate_candidate turns that into a reject,
     or a void when it is an infrastructure fault).
 
@@ -67,15 +68,13 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     head's weights) and the head runs on the engine's base weights (`head.served` or an adapter);
     `data_dir` is where gates sharing the engine take turns. `harnesses`: the harness each arm's
     prompts are sent with (a harness candidate's gate has no probe: its release loads no weights to
-    prove; the probe is the suite's own first prompt either way)."""
+    prove; the probe is the suite's own first prompt either way). `kept`: the head replies kept
+    between gates on the engine (reef.gate.head_replies)."""
     config = config or GateSettings()
     if harnesses is not None and harnesses.compared:
         config = config.model_copy(update={"probe_tokens": 0})
     started = time.monotonic()
-    # Greedy replies to one prompt are all the same (and vLLM refuses n > 1 without sampling).
-    samples = 1 if suite.temperature == 0 else config.samples or suite.samples
-    needed = min(config.min_valid_pairs, len(suite.tasks))
-    looks = plan_looks(len(suite.tasks), config.looks, suite.seed, needed)
+    samples, needed, looks = schedule(suite, config)
     early = config.model_copy(update={"confidence": config.early_confidence})
     parts: list[tuple[list[int], Replies]] = []
     for k, indices in enumerate(looks):
@@ -83,7 +82,8 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
         # The probe is the suite's first task's, which leads the first part (reef.gate.looks).
         settings = config if k == 0 else config.model_copy(update={"probe_tokens": 0})
         parts.append((indices, sample_arms(candidate, head, part(suite, indices, start), samples, settings,
-                                           engine=engine, data_dir=data_dir, progress=progress, harnesses=harnesses)))
+                                           engine=engine, data_dir=data_dir, progress=progress, harnesses=harnesses,
+                                           kept=kept)))
         if k < len(looks) - 1:
             sampled = sorted(i for ids, _ in parts for i in ids)
             paired = _paired(_outcomes(suite, merge(len(suite.tasks), parts), sampled))
@@ -95,7 +95,7 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
     outcomes = _outcomes(suite, run, sorted(i for ids, _ in parts for i in ids))
     common = {"head_release_id": head_release_id, "samples_per_prompt": samples, "backend": run.backend,
               "void_pairs": len(run.faults), "fault_retries": run.retries, "per_prompt": outcomes,
-              "tasks_sampled": len(outcomes), "stopped_early": stopped_early}
+              "tasks_sampled": len(outcomes), "stopped_early": stopped_early, "head_replies_reused": run.head_reused}
     unscored = sum(o.unscored for o in outcomes)
     paired = _paired(outcomes)
     answered, valid = len(outcomes) - len(run.faults), len(paired)
@@ -116,6 +116,8 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
               f"{'lies' if verdict.interval_clears else 'does not lie'} above {config.min_delta:+.3f}; "
               f"sign test {verdict.wins}-{verdict.losses} p={verdict.sign_p:.3g}{_sign_says(verdict, config)}"
               f"{left_out}{void}{note}")
+    if run.head_reused:
+        reason += f"; the head's replies to {run.head_reused} tasks kept from before it (reef.gate.head_replies)"
     if stopped_early:
         reason += (f"; stopped early at look {len(parts)} of {len(looks)} ({len(outcomes)} of {len(suite.tasks)} "
                    f"tasks): both statistics passed at {config.early_confidence:.1%}")
@@ -129,6 +131,15 @@ def gate_weights(candidate: Weights, head: Weights, suite: EvalSuite, config: Ga
                if config.probe_tokens else None),
         seconds=round(time.monotonic() - started, 2), **common,
     )
+
+
+def schedule(suite: EvalSuite, config: GateSettings) -> tuple[int, int, list[list[int]]]:
+    """How a gate samples `suite`: replies per task and arm, the valid pairs a verdict needs, and the
+    task indices of each look (reef.gate.looks; a task's seed is `suite.seed` + its place in them)."""
+    # Greedy replies to one prompt are all the same (and vLLM refuses n > 1 without sampling).
+    samples = 1 if suite.temperature == 0 else config.samples or suite.samples
+    needed = min(config.min_valid_pairs, len(suite.tasks))
+    return samples, needed, plan_looks(len(suite.tasks), config.looks, suite.seed, needed)
 
 
 def _outcomes(suite: EvalSuite, run: Replies, sampled: list[int]) -> list[PromptOutcome]:
@@ -203,9 +214,10 @@ def evaluate_candidate(data_dir: Path | str, candidate_id: str, config: GateSett
             engine = None
         suite = suite_for(view.scenario, engine.base_url if engine else None, engine.model if engine else None)
         arms = registered_arms(store, view, head, r0, engine)
+        kept = HeadReplies(data_dir, view.scenario) if engine is not None and config.reuse_head_replies else None
         result = gate_weights(arms.candidate, arms.head, suite, config, engine=engine, head_label=head.release_id,
                               head_release_id=head.release_id, data_dir=data_dir, progress=progress,
-                              harnesses=arms.harnesses)
+                              harnesses=arms.harnesses, kept=kept)
     except Exception as exc:  # noqa: BLE001 - the gate fails closed: any error rejects, but a fault judges nothing
         fault = fault_of(exc)
         void = fault is not None or isinstance(exc, GateFaultError)

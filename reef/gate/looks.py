@@ -60,6 +60,7 @@ def merge(total: int, parts: Sequence[tuple[Sequence[int], Replies]]) -> Replies
                 merged.outputs[arm][i] = run.outputs[arm][j]
         merged.faults.update({indices[j]: fault for j, fault in run.faults.items()})
         merged.retries += run.retries
+        merged.head_reused += run.head_reused
         merged.backend = run.backend
         merged.probe = merged.probe or run.probe
         if run.note and run.note not in notes:

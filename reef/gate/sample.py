@@ -8,6 +8,9 @@ and both arms' requests are interleaved so the engine batches them together. Ful
 candidates, and every gate without an engine or without a free adapter slot, sample with
 transformers instead: one engine cannot hold two sets of full weights on CPU.
 
+The head's replies on the engine are kept between gates (reef.gate.head_replies): a task whose
+head replies an earlier gate or the learner's warm-up sampled is sampled in the candidate's arm only.
+
 An infrastructure fault is not a judgement (reef.gate.faults): an engine request that times out,
 loses its connection or gets a 5xx is retried (`fault_retries`) with the same seed; a task still
 failing is void, its replies left out of both arms. A fault outside any one task (the probe) is a
@@ -26,6 +29,7 @@ from tqdm.auto import tqdm
 from reef.config import GateSettings
 from reef.gate.arms import ARMS, HarnessArms, Weights
 from reef.gate.faults import GateFaultError, Void, with_retries
+from reef.gate.head_replies import HeadReplies, head_keys
 from reef.sampling.completion import texts
 from reef.sampling.engine import Arm, EngineEndpoint, EngineSession, NoFreeSlotError, run_session, taking_turns
 from reef.sampling.episodes import run_episodes
@@ -46,14 +50,16 @@ class Replies:
     retries: int = 0
     backend: Literal["engine", "transformers"] = "transformers"
     note: str = ""
+    head_reused: int = 0  # tasks whose head replies were kept from an earlier gate or warm-up (reef.gate.head_replies)
 
 
 def sample_arms(candidate: Weights, head: Weights, suite: EvalSuite, samples: int, config: GateSettings, *,
                 engine: EngineEndpoint | None = None, data_dir: Path | str | None = None, progress: bool = True,
-                harnesses: HarnessArms | None = None) -> Replies:
+                harnesses: HarnessArms | None = None, kept: HeadReplies | None = None) -> Replies:
     """Both arms' replies to `suite`: through `engine` when the candidate is a LoRA (or a harness,
     both arms on the head's weights) and the head runs on the engine's base weights (`head.served`
-    or an adapter), else with transformers; `data_dir` is where gates sharing the engine take turns."""
+    or an adapter), else with transformers; `data_dir` is where gates sharing the engine take turns.
+    `kept`: the head replies an earlier gate or warm-up sampled on the engine, reused and added to."""
     arm_tasks = (harnesses.tasks(suite) if harnesses is not None
                  else {arm: list(suite.tasks) for arm in ARMS})
     note = ""
@@ -61,11 +67,23 @@ def sample_arms(candidate: Weights, head: Weights, suite: EvalSuite, samples: in
     if engine is not None and on_engine and (head.served or head.adapter):
         try:
             with taking_turns(Path(data_dir) if data_dir is not None else None):
-                return _engine_replies(engine, candidate, head, suite, arm_tasks, samples, config, progress)
+                return _engine_replies(engine, {"candidate": candidate, "head": head}, suite, arm_tasks, samples,
+                                       config, progress, kept)
         except NoFreeSlotError as exc:
             note = f" (engine: {exc}, so transformers sampled)"
     outputs, probe = _transformers_outputs(candidate, head, suite, arm_tasks, samples, config, progress)
     return Replies(outputs, probe, note=note)
+
+
+def sample_head(head: Weights, suite: EvalSuite, samples: int, config: GateSettings, engine: EngineEndpoint,
+                kept: HeadReplies, *, data_dir: Path | str | None = None, progress: bool = True,
+                harnesses: HarnessArms | None = None) -> Replies:
+    """The head arm's replies alone, through `engine`, kept in `kept` as each task's arrive (the
+    learner's warm-up before a gate: reef.gate.evaluate.warm_head); tasks already kept are not sampled."""
+    arm_tasks = (harnesses.tasks(suite) if harnesses is not None
+                 else {arm: list(suite.tasks) for arm in ARMS})
+    with taking_turns(Path(data_dir) if data_dir is not None else None):
+        return _engine_replies(engine, {"head": head}, suite, arm_tasks, samples, config, progress, kept)
 
 
 def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, arm_tasks: dict[str, list[Task]],
@@ -103,12 +121,19 @@ def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, a
     return outputs, probe
 
 
-def _engine_replies(engine: EngineEndpoint, candidate: Weights, head: Weights, suite: EvalSuite,
-                    arm_tasks: dict[str, list[Task]], samples: int, config: GateSettings, progress: bool) -> Replies:
+def _engine_replies(engine: EngineEndpoint, weights: dict[str, Weights], suite: EvalSuite,
+                    arm_tasks: dict[str, list[Task]], samples: int, config: GateSettings, progress: bool,
+                    kept: HeadReplies | None) -> Replies:
+    keys = head_keys(weights["head"].content, arm_tasks["head"], suite, samples) if kept is not None else None
+    reused = {i: got for i, key in enumerate(keys or []) if kept is not None and (got := kept.get(key)) is not None}
+    arms = list(weights)
+
     async def body(session: EngineSession) -> Replies:
-        names = dict(zip(ARMS, await session.prepare(
-            [Arm(candidate.served, candidate.adapter), Arm(head.served, head.adapter)]), strict=True))
-        bar = tqdm(total=2 * len(suite.tasks), desc="gate (engine)", disable=not progress)
+        names = dict(zip(arms, await session.prepare([Arm(weights[a].served, weights[a].adapter) for a in arms]),
+                         strict=True))
+        # Both arms interleaved, so the engine batches them together and stays busy.
+        jobs = [(arm, i) for i in range(len(suite.tasks)) for arm in arms if not (arm == "head" and i in reused)]
+        bar = tqdm(total=len(jobs), desc="gate (engine)", disable=not progress)
         tries = [0]
 
         async def once(arm: str, i: int) -> list[str]:
@@ -120,11 +145,11 @@ def _engine_replies(engine: EngineEndpoint, candidate: Weights, head: Weights, s
         async def one(arm: str, i: int) -> list[str] | Void:
             # A retry sends the same seed: it samples the replies the first try would have.
             got = await with_retries(lambda: once(arm, i), config.fault_retries, config.fault_backoff_s)
+            if arm == "head" and keys is not None and kept is not None and not isinstance(got, Void):
+                kept.put(keys[i], got)
             bar.update(1)
             return got
 
-        # Both arms interleaved, so the engine batches them together and stays busy.
-        jobs = [(arm, i) for i in range(len(suite.tasks)) for arm in ARMS]
         tasks = [asyncio.ensure_future(one(arm, i)) for arm, i in jobs]
         try:
             got = await asyncio.gather(*tasks)
@@ -135,7 +160,10 @@ def _engine_replies(engine: EngineEndpoint, candidate: Weights, head: Weights, s
             raise
         finally:
             bar.close()
-        run = Replies({"candidate": [[] for _ in suite.tasks], "head": [[] for _ in suite.tasks]}, backend="engine")
+        run = Replies({arm: [[] for _ in suite.tasks] for arm in ARMS}, backend="engine",
+                      head_reused=len(reused))
+        for i, kept_replies in reused.items():
+            run.outputs["head"][i] = kept_replies
         for (arm, i), replies in zip(jobs, got, strict=True):
             if isinstance(replies, Void):
                 run.faults.setdefault(i, replies.fault)
@@ -143,7 +171,7 @@ def _engine_replies(engine: EngineEndpoint, candidate: Weights, head: Weights, s
                 run.outputs[arm][i] = replies
         for i in run.faults:  # out of both arms: one arm's replies alone pair with nothing
             run.outputs["candidate"][i], run.outputs["head"][i] = [], []
-        if config.probe_tokens:
+        if config.probe_tokens and "candidate" in names:
             # What the swap's canary request (temperature 0, seed 0, messages only) must reproduce.
             probe = await with_retries(lambda: session.weights.greedy(
                 names["candidate"], list(suite.prompts[0]), config.probe_tokens), config.fault_retries,

@@ -33,7 +33,7 @@ from reef.gateway.state import GatewayState
 from reef.gateway.transport.replicas import affinity_key
 from reef.gateway.transport.upstream import UpstreamError
 from reef.gateway.wire import headers as h
-from reef.gateway.wire.chunks import Chunk, StreamAccumulator, decode, of_dict
+from reef.gateway.wire.chunks import Chunk, OtherChunk, StreamAccumulator, decode, of_dict
 from reef.gateway.wire.completion import (
     ClientWants,
     UpstreamResponse,
@@ -381,11 +381,20 @@ async def _recorded(st: GatewayState, ex: Exchange, first: list[bytes], batches:
 
 
 def _fed(lines: list[bytes], acc: StreamAccumulator, whole: bool) -> tuple[list[Chunk], bool]:
-    chunks, done = _chunks(lines, whole)
-    for chunk in chunks:
-        if not chunk.failed:  # an engine's mid-stream error is passed on, not recorded
-            acc.feed(chunk)
-    return chunks, done
+    """`_chunks`, each fed to the record as it is parsed: one pass, once per event of every stream."""
+    out: list[Chunk] = []
+    feed = acc.feed
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return out, True
+        chunk = decode(data, whole)
+        if type(chunk) is not OtherChunk or not chunk.failed:  # an engine's mid-stream error is passed on
+            feed(chunk)
+        out.append(chunk)
+    return out, False
 
 
 async def _passed(batches: AsyncIterator[list[bytes]], whole: bool) -> AsyncIterator[list[Chunk]]:

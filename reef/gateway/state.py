@@ -18,6 +18,7 @@ from reef.serving.canary import Canaries
 from reef.serving.routing import Routes
 
 if TYPE_CHECKING:
+    from reef.engine.fleet import EngineFleet
     from reef.engine.supervisor import EngineSupervisor
     from reef.experience.store import ExperienceStore
     from reef.gateway.admission import ScenarioAdmission
@@ -31,7 +32,7 @@ class GatewayState:
     store: ExperienceStore
     upstream: Replicas
     routes: Routes
-    engine: EngineSupervisor | None = None
+    engine: EngineSupervisor | EngineFleet | None = None  # the fleet: engine.replicas > 1
     learner: Learner | None = None
     publisher: Publisher | None = None
     admission: ScenarioAdmission | None = None  # set by create_app

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reef.config import ServeConfig
-from reef.config.serve import HarnessRungSettings
+from reef.config.learner import HarnessRungSettings
 from reef.learn.plan import RoundPlan, Thresholds, plan_round
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.candidates import CandidateRegistry

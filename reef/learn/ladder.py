@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reef.config import ServeConfig
-from reef.config.serve import ExploreSettings
+from reef.config.learner import ExploreSettings
 from reef.learn.plan import RoundPlan, Thresholds, plan_round
 from reef.recipe.practice import practice_tasks
 from reef.scenario import ScenarioError

@@ -39,6 +39,13 @@ most `learner.gate_retries` times (reef.learn.regate); each try is a gate result
 register and a `regated` line in rounds.jsonl, and the scenario's `void_gate` in `GET /reef/status`
 says where the candidate stands.
 
+While no round is due, the learner has the next gate's head arm sampled ahead (`RoundRequest.warm`,
+reef.gate.warm): the head's replies to the eval suite, kept for the gates against that head
+(reef.gate.head_replies), so a round's gate samples the candidate's arm alone. Once per head, in
+the round process, yielding to users like a round; a round that becomes due stops it (what it kept
+stays kept), and the next idle check goes on from there. `release.gate.reuse_head_replies: false`
+turns it off.
+
 Each round is also a persisted state machine (reef.learn.round_log). A learner killed mid-round
 (`kill -9` of `reef serve`; the round's process dies with it) finds the round open on its next
 start and runs that scenario first: the round process resumes it from its last durable step or
@@ -57,30 +64,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reef.config import ServeConfig
 from reef.core.paths import DataDir
 from reef.engine.supervisor import die_with_parent
-from reef.learn.harness_rung import HarnessRung, harness_rung_for
-from reef.learn.ladder import Exploration, exploration_for
-from reef.learn.pending import pending
-from reef.learn.plan import RoundPlan, RoundRequest, RoundResult, Thresholds, plan_for_scenario, thresholds
-from reef.learn.regate import void_retry
-from reef.learn.round_log import Round, RoundLog
+from reef.learn.plan import RoundRequest, RoundResult
+from reef.learn.round_log import Round
+from reef.learn.scenario_learner import LearnerConfigError, ScenarioLearner, eligible, scenario_plans
+from reef.registry.state import open_chain
 from reef.sampling.engine import EngineEndpoint
 
 if TYPE_CHECKING:
-    from reef.recipe.base import Recipe
     from reef.serving.publisher import Publisher
 
+__all__ = ["Learner", "LearnerConfigError", "ScenarioLearner", "round_preexec", "scenario_plans"]
+
 log = logging.getLogger("reef.learner")
-
-
-class LearnerConfigError(ValueError):
-    """A scenario's recipe cannot be loaded with its params; names the scenario and key."""
 
 
 def round_preexec(nice: int) -> Callable[[], None]:
@@ -94,147 +95,6 @@ def round_preexec(nice: int) -> Callable[[], None]:
             os.nice(nice)
 
     return preexec
-
-
-def eligible(pending: dict[str, int]) -> int:
-    """New records the recipe could take, whatever one round's batch_size caps."""
-    return pending.get("eligible", pending.get("records", 0))
-
-
-@dataclass
-class ScenarioLearner:
-    """One scenario's part of the learner: its plan, and what its rounds did."""
-
-    plan: RoundPlan
-    thresholds: Thresholds
-    recipe: Recipe | None = None  # loaded once, for counting what waits
-    rounds: int = 0
-    pending: dict[str, int] | None = None
-    waiting: str | None = None  # why no round starts yet (below a threshold); None: due, or not counted yet
-    last: dict[str, Any] | None = None
-    last_error: str | None = None
-    running: bool = False
-    # The eligible records counted when the last round found nothing new to learn (a harness that
-    # already says what the failures teach): the next round waits for min_records more than that,
-    # instead of asking again every interval about the same failures.
-    idle_at: int | None = None
-    gate_retries: int = 2  # learner.gate_retries: how often a void gate of this scenario's candidate is run again
-    void_gate: dict[str, Any] | None = None  # the latest round's candidate whose gate was void, and what comes next
-    # The ladder's exploration rung (reef.learn.ladder); None where exploring does not fit.
-    exploration: Exploration | None = None
-    exploring: bool = False  # the round running now is an exploration round
-    # The rung before it: the first rewarded replies as few-shot examples (reef.learn.harness_rung).
-    harness: HarnessRung | None = None
-    harnessing: bool = False  # the round running now is the harness rung's
-
-    @property
-    def min_records(self) -> int:
-        return self.thresholds.records
-
-    @property
-    def log(self) -> RoundLog:
-        return RoundLog.for_data_dir(self.plan.data_dir, self.plan.scenario)
-
-    def count(self) -> None:
-        """Count what waits (reef.learn.pending) and whether it is enough to start a round."""
-        self.pending = pending(self.plan, self.recipe)
-        self.waiting = self.thresholds.shortfall(self.pending)
-        if self.waiting is None and self.idle_at is not None:
-            want, have = self.idle_at + self.thresholds.records, eligible(self.pending)
-            if have < want:
-                self.waiting = f"waiting: {have} of {want} records (the last round found nothing new to learn)"
-            else:
-                self.idle_at = None
-        if self.pending is None:
-            return
-        shown = self.harness is not None and self.harness.check(self.pending, self.thresholds, self.waiting) is not None
-        if self.exploration is not None:
-            # The harness rung goes first: exploration waits for its round (and keeps its spacing).
-            self.exploration.check(self.pending, self.thresholds, None if shown else self.waiting)
-
-    def due(self) -> bool:
-        """A round an earlier process left open (killed mid-round) is due whatever waits; else one
-        is due when the last count reached every threshold."""
-        return (self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
-                or self.void_candidate() is not None
-                or (self.harness is not None and self.harness.reason is not None)
-                or (self.exploration is not None and self.exploration.reason is not None))
-
-    def round_plan(self) -> RoundPlan:
-        """The plan of the round to run now, the ladder's lowest rung that is due: the scenario's
-        own (a round open or due), else the harness rung's, else the exploration rung's."""
-        own_due = self.log.open_round() is not None or (self.pending is not None and self.waiting is None)
-        harness, explore = self.harness, self.exploration
-        self.harnessing = not own_due and harness is not None and harness.reason is not None
-        self.exploring = not own_due and not self.harnessing and explore is not None and explore.reason is not None
-        if self.harnessing and harness is not None:
-            return harness.plan
-        if self.exploring and explore is not None:
-            return explore.next_plan
-        return self.plan
-
-    def explored(self, idle_at: int | None, rounds_before: int) -> None:
-        """After a round of a rung (`rounds_before`: the count before it; not more: it failed): the
-        harness rung marks the head tried, exploration spaces the next one; the own recipe's idle
-        mark stays as it was."""
-        rung = self.harness if self.harnessing else self.exploration if self.exploring else None
-        if rung is None:
-            return
-        last = (self.last or {}) if self.rounds > rounds_before else {}
-        if rung is self.exploration and self.exploration is not None:
-            self.exploration.finished(last.get("status"), last.get("release"), metrics=last.get("metrics"))
-        else:
-            rung.finished(last.get("status"), last.get("release"))
-        self.idle_at, self.exploring, self.harnessing = idle_at, False, False
-
-    def describe(self) -> dict[str, Any]:
-        current = self.log.current()
-        return {"recipe": self.plan.recipe, "min_records": self.min_records,
-                "thresholds": self.thresholds.model_dump(), "waiting": None if self.running else self.waiting,
-                "running": self.running, "rounds": self.rounds,
-                "exploring": self.exploration.reason if self.exploration else None,
-                "exploration": self.exploration.describe() if self.exploration else None,
-                "harness": self.harness.reason if self.harness else None,
-                "harness_rung": self.harness.describe() if self.harness else None,
-                "pending": self.pending, "last_round": self.last,
-                "last_error": self.last_error, "round": current.public() if current else None,
-                "void_gate": self.void_gate}
-
-    def void_candidate(self) -> str | None:
-        """The latest round's candidate to gate again (reef.learn.regate); `void_gate` says where it stands."""
-        candidate_id, self.void_gate = void_retry(self.plan, self.log, self.gate_retries)
-        return candidate_id
-
-
-def scenario_plans(config: ServeConfig) -> dict[str, ScenarioLearner]:
-    """Every declared scenario with a recipe, its recipe loaded and its params checked (a mistake
-    raises LearnerConfigError naming the key, before the server serves)."""
-    from reef.scenario import all_scenarios
-
-    out: dict[str, ScenarioLearner] = {}
-    for name, scenario in sorted(all_scenarios(config).items()):
-        plan = plan_for_scenario(config, name)
-        if plan is None:
-            continue
-        key = (f"recipes.{scenario.recipe}" if isinstance(scenario.recipe, str) and scenario.recipe in config.recipes
-               else f"scenarios.{name}.recipe")
-        try:
-            recipe = plan.load_recipe()
-        except (ValueError, TypeError, LookupError, ImportError) as exc:
-            raise LearnerConfigError(f"{key}: {exc}") from exc
-        wait_for = thresholds(config, name, recipe)
-        # The round process checks the thresholds again on what it finds (reef.learn.round.run_round).
-        out[name] = ScenarioLearner(plan=plan.model_copy(update={"wait_for": wait_for}), thresholds=wait_for,
-                                    recipe=recipe)
-        try:
-            out[name].exploration = exploration_for(config, name, plan, recipe, wait_for)
-        except (ValueError, TypeError, LookupError, ImportError) as exc:
-            raise LearnerConfigError(f"learner.explore: {exc}") from exc
-        try:
-            out[name].harness = harness_rung_for(config, name, plan, recipe, wait_for)
-        except (ValueError, TypeError, LookupError, ImportError) as exc:
-            raise LearnerConfigError(f"learner.harness: {exc}") from exc
-    return out
 
 
 class Learner:
@@ -322,8 +182,11 @@ class Learner:
         return due
 
     def tick(self) -> str | None:
-        """Count what waits for every scenario, then run one round for the next due one."""
+        """Count what waits for every scenario, then run one round for the next due one; with none
+        due, warm the next gate of a scenario whose head's replies are not all kept yet."""
         due = self.plan_tick()
+        if due is None and not self._stop.is_set() and self._warm_next():
+            due = self.plan_tick()  # the warm-up stopped for a round that became due: run it now
         if due is None or self._stop.is_set():
             return None
         self._last_ran = due
@@ -345,8 +208,10 @@ class Learner:
             return
         if self._retry_void(state):  # a void gate is retried before anything new is trained
             return
+        learner = self.config.learner
         request = RoundRequest(plan=state.round_plan(), gate=self.config.release.gate, engine=self._engine(),
-                               config_file=self.config.config_file)
+                               config_file=self.config.config_file,
+                               launcher=learner.accelerate if learner.launcher == "accelerate" else None)
         started = time.time()
         result = self._run_request(state, request, "round")
         if result is None:
@@ -406,6 +271,35 @@ class Learner:
         log.info("gate of %s's void candidate %s again: %s", state.plan.scenario, candidate_id[:12], state.last)
         return True
 
+    def _warm_next(self) -> bool:
+        """Warm the next gate of the first scenario (round-robin order) whose head was not warmed
+        yet (reef.gate.warm); True when a round became due and stopped it."""
+        if not (self.engine_url and self.engine_model) or not self.config.release.gate.reuse_head_replies:
+            return False
+        heads = {name: open_chain(self.data_dir, name).head() for name in self._order()}
+        name, head = next(((n, h) for n, h in heads.items() if h and self.scenarios[n].warmed != h.release_id),
+                          (None, None))
+        if name is None or head is None:
+            return False
+        state = self.scenarios[name]
+        request = RoundRequest(plan=state.plan, gate=self.config.release.gate, engine=self._engine(),
+                               config_file=self.config.config_file, warm=True)
+        stopped = [False]
+
+        def round_due() -> bool:
+            stopped[0] = self.plan_tick() is not None or self._stop.is_set()
+            return stopped[0]
+
+        result = self._run_request(state, request, "warm", interrupt=round_due)
+        if stopped[0]:
+            return True
+        if result is not None:
+            state.warm = result.metrics or {"status": result.status, "reason": result.reason}
+        # Done, or failed (`last_error` says why): tried once per head either way.
+        if result is None or result.status != "warmed" or (result.metrics or {}).get("complete"):
+            state.warmed = head.release_id
+        return False
+
     def _engine(self) -> EngineEndpoint | None:
         if not (self.engine_url and self.engine_model):
             return None
@@ -420,9 +314,11 @@ class Learner:
             f.flush()
             os.fsync(f.fileno())
 
-    def _run_request(self, state: ScenarioLearner, request: RoundRequest, name: str) -> RoundResult | None:
+    def _run_request(self, state: ScenarioLearner, request: RoundRequest, name: str, *,
+                     interrupt: Callable[[], bool] | None = None) -> RoundResult | None:
         """Run `request` in a round process (its files named `name` in the scenario's learner folder);
-        its result, or None with `last_error` set when the process failed."""
+        its result, or None with `last_error` set when the process failed. `interrupt`, asked every
+        `interval_s` while it runs: True stops the process (None, no error)."""
         folder = self.dir / state.plan.scenario
         folder.mkdir(parents=True, exist_ok=True)
         request_file, out, log_path = folder / f"{name}-request.json", folder / f"{name}.json", folder / "rounds.log"
@@ -433,11 +329,29 @@ class Learner:
             self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                              env={**os.environ, "OMP_NUM_THREADS": "1"},
                                              preexec_fn=round_preexec(self.config.learner.round_nice))
-            code = self._process.wait()
+            code = self._wait(interrupt)
+        if code is None:
+            return None
         if code != 0 or not out.is_file():
             state.last_error = f"{name} process exited with code {code}; see {log_path}"
             return None
         return RoundResult.model_validate_json(out.read_text())
+
+    def _wait(self, interrupt: Callable[[], bool] | None) -> int | None:
+        """The round process's exit code; None when `interrupt` stopped it first."""
+        assert self._process is not None
+        while True:
+            try:
+                return self._process.wait(timeout=self.config.learner.interval_s if interrupt else None)
+            except subprocess.TimeoutExpired:
+                if interrupt is not None and interrupt():
+                    self._process.terminate()
+                    try:
+                        self._process.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        self._process.kill()
+                        self._process.wait()
+                    return None
 
     def _settle(self, state: ScenarioLearner) -> bool:
         """Close a round an earlier learner left `gated`: find its candidate on the chain, or apply
@@ -461,8 +375,6 @@ class Learner:
 
     def _on_chain(self, scenario: str, candidate_id: str) -> str | None:
         """The release that published this candidate, if one did (a kill after the chain append)."""
-        from reef.registry.state import open_chain
-
         return next((r.release_id for r in open_chain(self.data_dir, scenario).releases()
                      if r.content_id == candidate_id and r.operation == "train"), None)
 

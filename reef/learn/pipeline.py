@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.config import CONFIG_FILE_ENV, GateSettings, ParamsError, PipelineParams, TrainParams
+from reef.config.learner import AccelerateSettings
 from reef.config.params import DEFAULT_PARAMS
 from reef.core.durable import replace_atomically
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
@@ -149,12 +150,13 @@ def learn_once(params_path: Path | str = DEFAULT_PARAMS, scenario: str | None = 
 
 
 def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None,
-               *, scenario: str | None = None, evaluate: bool = True, progress: bool = True) -> dict[str, Any]:
+               *, scenario: str | None = None, evaluate: bool = True, progress: bool = True,
+               launcher: AccelerateSettings | None = None) -> dict[str, Any]:
     """`reef recipe run NAME`: the round orchestrator's snapshot and train steps with recipe NAME, in
     content-hashed folders (data/snapshots/<id>/, data/candidates/<id>/), no DVC; then the gate
     against the base model, written to the candidate's eval.json. Params come from params.yaml's
     (scenario's) train keys when they name the same recipe, else the recipe's defaults; `overrides`
-    (e.g. {"max_steps": 5}) win."""
+    (e.g. {"max_steps": 5}) win. `launcher`: train through accelerate (reef.learn.launch)."""
     params = PipelineParams.read(params_path) if params_path and Path(params_path).is_file() else PipelineParams()
     declare_scenarios(params)
     overrides = dict(overrides or {})
@@ -165,7 +167,7 @@ def run_recipe(name: str, params_path: Path | str | None = DEFAULT_PARAMS, overr
     else:
         spec = TrainParams.model_validate({"recipe": name, **overrides}).recipe_spec(params.name)
     round_plan = checked(params, scenario, spec, fixed=False, overrides=overrides)
-    out = rounds.run_round(round_plan, evaluate=False, progress=progress)
+    out = rounds.run_round(round_plan, evaluate=False, progress=progress, launcher=launcher)
     if evaluate and out.status == "trained" and out.candidate is not None:
         baseline = params.evaluate.baseline or round_plan.base_model
         path = out.candidate.path

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from reef.config import DEFAULT_MODEL, GateSettings, ServeConfig
+from reef.config.learner import AccelerateSettings
 from reef.core.paths import DEFAULT_DATA_DIR, DataDir
 from reef.learn.round_log import RoundState
 from reef.recipe.loading import load_recipe
@@ -103,9 +104,14 @@ class RoundRequest(BaseModel):
                                      "find the scenario (its eval suite, its rewards) as the server declared it")
     regate: str | None = Field(default=None, description="a registered candidate id: no round, only this candidate "
                                "gated again (the learner's retry of a void gate); the result's status is `regated`")
+    launcher: AccelerateSettings | None = Field(default=None, description="train through accelerate, several "
+                                                "processes (learner.launcher: accelerate; reef.learn.launch); "
+                                                "None: in the round process")
+    warm: bool = Field(default=False, description="no round: the head's replies to the eval suite sampled and kept "
+                       "for the next gate (reef.gate.warm); the result's status is `warmed`, its metrics say how far")
 
 
-RoundStatus = Literal["trained", "nothing_new", "waiting", "busy", "regated"]
+RoundStatus = Literal["trained", "nothing_new", "waiting", "busy", "regated", "warmed"]
 
 
 class RoundResult(BaseModel):
@@ -117,7 +123,8 @@ class RoundResult(BaseModel):
     status: RoundStatus = Field(description="trained: a candidate was made (and gated, when the round gates); "
                                 "nothing_new: no record to learn from; waiting: less signal than the plan waits "
                                 "for; busy: another process runs this scenario's round; regated: no round, the "
-                                "request's candidate was gated again")
+                                "request's candidate was gated again; warmed: no round, the next gate's head replies "
+                                "were sampled")
     scenario: str
     reason: str | None = Field(default=None, description="why it waits, found nothing new, or was busy")
     pending: dict[str, int] | None = Field(default=None, description="what the snapshot would take, why the others "

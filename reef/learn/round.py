@@ -29,8 +29,11 @@ from pathlib import Path
 import polars as pl
 
 from reef.config import CONFIG_FILE_ENV, GateSettings
+from reef.config.learner import AccelerateSettings
 from reef.core.crashpoints import crash_point
 from reef.gate.evaluate import evaluate_candidate
+from reef.gate.warm import warm_head
+from reef.learn.launch import launch_training, launches
 from reef.learn.pending import selection
 from reef.learn.plan import RoundPlan, RoundRequest, RoundResult
 from reef.learn.round_log import TRANSITIONS, Round, RoundBusyError, RoundLog
@@ -89,14 +92,17 @@ def take_snapshot(plan: RoundPlan, recipe: Recipe | None = None) -> Snapshot:
 
 
 def train(plan: RoundPlan, snapshot: Snapshot | None = None, *, progress: bool = True,
-          engine: EngineEndpoint | None = None) -> Candidate:
-    """Run the recipe on the snapshot; `engine` (the serving vLLM) is there for recipes that ask a model."""
+          engine: EngineEndpoint | None = None, launcher: AccelerateSettings | None = None) -> Candidate:
+    """Run the recipe on the snapshot; `engine` (the serving vLLM) is there for recipes that ask a model;
+    `launcher`: through accelerate, several processes (reef.learn.launch), where the recipe allows."""
     plan = from_head(plan)
     if snapshot is None:
         if plan.snapshot_dir is None:
             raise ValueError("train needs the snapshot, or a plan with a fixed snapshot_dir")
         snapshot = Snapshot.open(plan.snapshot_dir)
     recipe = plan.load_recipe()
+    if launcher is not None and launches(recipe):
+        return launch_training(plan, snapshot, launcher)
     recipe.engine = engine
     recipe.served_harness = served_harness(plan.data_dir, recipe)
     return recipe.run(snapshot, out_root=plan.candidate_root, out_dir=plan.candidate_dir, progress=progress)
@@ -112,7 +118,8 @@ def gate(plan: RoundPlan, candidate_path: Path | str, settings: GateSettings | N
 
 
 def run_round(plan: RoundPlan, settings: GateSettings | None = None, *, evaluate: bool = True,
-              engine: EngineEndpoint | None = None, progress: bool = True) -> RoundResult:
+              engine: EngineEndpoint | None = None, progress: bool = True,
+              launcher: AccelerateSettings | None = None) -> RoundResult:
     """snapshot -> train -> register -> gate, each step a transition of the scenario's round log
     (reef.learn.round_log), gated with `settings` (None: the gate's defaults). A round that an earlier
     process left open is closed first: resumed from its last durable step (its result is returned) or
@@ -134,7 +141,7 @@ def run_round(plan: RoundPlan, settings: GateSettings | None = None, *, evaluate
         with _failing(log, rnd):
             snap = take_snapshot(plan, recipe)
             log.append(rnd, "snapshotted", snapshot_id=snap.id, snapshot_hash=snap.hash, records=len(snap.record_ids))
-            candidate = train(plan, snap, progress=progress, engine=engine)
+            candidate = train(plan, snap, progress=progress, engine=engine, launcher=launcher)
             log.append(rnd, "trained", candidate=candidate.id, candidate_path=str(candidate.path))
             crash_point("round:trained")
             candidate_id, result = _register_and_gate(plan, log, rnd, settings, evaluate=evaluate, engine=engine,
@@ -252,12 +259,19 @@ def regate(plan: RoundPlan, candidate_id: str, settings: GateSettings | None = N
 def run_request(request: RoundRequest) -> RoundResult:
     """The round a `RoundRequest` asks for, as the round process runs it: gated, quietly; a round
     another process runs, or a snapshot with nothing to learn from, is a result, not an error.
-    With `regate`, only that candidate's gate again."""
+    With `regate`, only that candidate's gate again; with `warm`, only the next gate's head replies."""
     scenario = request.plan.scenario
     try:
+        if request.warm:
+            if request.engine is None:
+                raise ValueError("warming the next gate needs the engine")
+            warmed = warm_head(request.plan.data_dir, scenario, request.gate, request.engine)
+            return RoundResult(status="warmed", scenario=scenario, reason=warmed.skipped,
+                               metrics={**warmed.model_dump(mode="json"), "complete": warmed.complete})
         if request.regate is not None:
             return regate(request.plan, request.regate, request.gate, engine=request.engine, progress=False)
-        return run_round(request.plan, request.gate, engine=request.engine, progress=False)
+        return run_round(request.plan, request.gate, engine=request.engine, progress=False,
+                         launcher=request.launcher)
     except EmptySnapshotError as exc:
         return RoundResult(status="nothing_new", scenario=scenario, reason=str(exc))
     except RoundBusyError as exc:

@@ -88,6 +88,12 @@ def check_adapter_base(adapter: Path, base_model: str) -> None:
                              f"not on {base_model} ({actual[:12]})")
 
 
+def main_process() -> bool:
+    """Whether this process writes what a run makes: every process but ranks 1.. of a launch over
+    several (torchrun and accelerate set RANK; a plain process has none)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 class Recipe(ABC):
     name: ClassVar[str]
     config_class: ClassVar[type[RecipeConfig]] = RecipeConfig
@@ -108,6 +114,9 @@ class Recipe(ABC):
     # prompts carry it, so a recipe that samples prompts of its own (practice tasks) sends them with
     # it (reef.recipe.practice); the round sets it.
     served_harness: Harness | None = None
+    # True: `fit` samples the serving engine (rollouts). Launched over several processes
+    # (learner.launcher: accelerate) each would sample its own, so such a recipe trains in one.
+    samples_engine: ClassVar[bool] = False
 
     def __init__(self, config: RecipeConfig | None = None, *, declared: Scenario | None = None, **params: Any) -> None:
         if config is not None and params:
@@ -234,7 +243,11 @@ class Recipe(ABC):
         progress: bool = True,
         consume: bool = True,
     ) -> Candidate:
-        """Train on `snapshot` and write the candidate to `out_dir` or `<out_root>/<candidate id>/`."""
+        """Train on `snapshot` and write the candidate to `out_dir` or `<out_root>/<candidate id>/`.
+
+        Launched over several processes (accelerate, torchrun: reef.learn.launch), every process
+        trains its share of the batch and only the main one (rank 0) writes the candidate and marks
+        the records consumed; the others return the candidate unwritten."""
         import datasets
         import torch
         import transformers
@@ -270,8 +283,10 @@ class Recipe(ABC):
             staging.mkdir(parents=True, exist_ok=True)
             keep_events(staging / ".trainer", staging)
             shutil.rmtree(staging / ".trainer", ignore_errors=True)
-            self._save(trained, staging)
-            metrics = {**fitted, "snapshot_records": len(snap.record_ids), "snapshot_counts": snap.manifest["counts"]}
+            if main_process():
+                self._save(trained, staging)
+            metrics = {**fitted, "snapshot_records": len(snap.record_ids), "snapshot_counts": snap.manifest["counts"],
+                       "processes": int(os.environ.get("WORLD_SIZE", "1"))}
             lineage = Lineage(
                 snapshot_id=snap.id, snapshot_hash=snap.hash, recipe=self.ref, params=self.config.to_dict(),
                 parent_release=snap.head_release, code_commit=git_commit(), base_model=self.config.base_model,
@@ -280,6 +295,8 @@ class Recipe(ABC):
             candidate = Candidate(id=cand_id, path=target, kind=self.config.kind, scenario=snap.scenario,
                                   metrics=metrics, lineage=lineage, created_at=datetime.now(UTC).isoformat(),
                                   training_log=self.training_log.rows)
+            if not main_process():
+                return candidate  # the main process writes it
             candidate.write(staging)
             replace_dir(staging, target)  # synced, and swapped in whole: never deleted first
         finally:

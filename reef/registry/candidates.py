@@ -123,6 +123,8 @@ class GateResult(BaseModel):
                                       "the gate stopped early at a look (gate.looks)")
     stopped_early: bool = Field(default=False, description="selected at a look before the last, at "
                                 "gate.early_confidence")
+    head_replies_reused: int = Field(default=0, description="tasks whose head replies were kept from an earlier gate "
+                                     "or the learner's warm-up against the same head (reef.gate.head_replies)")
     per_prompt: list[PromptOutcome] | None = None
 
     def summary(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from reef.engine.weights import EngineWeights, EngineWeightsError
+from reef.engine.weights import EngineWeightsError, Weights
 from reef.registry.chain import ReleaseError
 from reef.registry.schema import adapter_name
 
@@ -24,7 +24,7 @@ class SlotsFullError(ReleaseError):
 
 
 class AdapterSlots:
-    def __init__(self, weights: EngineWeights, keep_adapters: int, max_loras: int,
+    def __init__(self, weights: Weights, keep_adapters: int, max_loras: int,
                  keep: Callable[[], set[str]]) -> None:
         self.weights = weights
         self.limit = min(keep_adapters, max_loras)

@@ -32,7 +32,7 @@ from typing import Any, cast
 from reef.config import ServeConfig
 from reef.core.crashpoints import crash_point
 from reef.engine.hold import EngineHold
-from reef.engine.weights import EngineWeights, EngineWeightsError
+from reef.engine.weights import EngineWeightsError, Weights
 from reef.registry.artifacts import ArtifactError, ArtifactStore
 from reef.registry.base_model import ensure_scenario, import_base_model
 from reef.registry.candidates import CandidateRegistry, CandidateStateError, CandidateView
@@ -64,7 +64,7 @@ async def _nothing() -> None:
 
 
 class Publisher:
-    def __init__(self, config: ServeConfig, routes: Routes, hold: EngineHold, weights: EngineWeights | None,
+    def __init__(self, config: ServeConfig, routes: Routes, hold: EngineHold, weights: Weights | None,
                  canaries: Canaries) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
@@ -116,10 +116,11 @@ class Publisher:
         """The engine must hold the base weights before the heads are applied. An engine this server
         started loaded them itself (its answer is the reference). An upstream engine outlives the
         gateway: one killed during a full-weight swap leaves it holding the new weights (the swapper
-        noted them before the reload), so they are replaced by the base again."""
+        noted them before the reload), so they are replaced by the base again. Several replicas:
+        every one of them, as one step (reef.engine.replica_weights)."""
         assert self.swapper is not None and self.weights is not None
         marked = self.swapper.marked_engine()
-        reload = self.config.upstream.url is not None and marked not in (None, content_id)
+        reload = bool(self.config.upstream.replica_urls) and marked not in (None, content_id)
         if not reload:
             try:
                 await self.swapper.verify(self.config.model_name, content_id, None)

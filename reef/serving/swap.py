@@ -27,7 +27,7 @@ from reef.config import ServeConfig
 from reef.core.durable import replace_atomically
 from reef.core.paths import DataDir
 from reef.engine.hold import EngineHold
-from reef.engine.weights import EngineWeights, EngineWeightsError
+from reef.engine.weights import EngineWeightsError, Weights
 from reef.registry.artifacts import ArtifactError, ArtifactStore
 from reef.registry.base_model import base_of
 from reef.registry.candidates import CandidateNotFoundError, CandidateRegistry, Probe
@@ -60,7 +60,7 @@ class EngineConflictError(ReleaseError):
 
 class Swapper:
     def __init__(self, config: ServeConfig, store: ArtifactStore, routes: Routes, hold: EngineHold,
-                 weights: EngineWeights, slots: AdapterSlots) -> None:
+                 weights: Weights, slots: AdapterSlots) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.store = store
@@ -78,7 +78,7 @@ class Swapper:
     async def load(self, scenario: str, content_id: str, kind: str) -> tuple[str, Undo]:
         """Put `content_id` into the engine and prove it serves; (model name, undo). Leaves the
         hold closed after a full-weight swap: the caller opens it once the route is switched."""
-        probe = self._probe_for(content_id)
+        probe = self.probe_for(content_id)
         try:
             if kind == "lora":
                 return await self._load_lora(content_id, probe)
@@ -172,22 +172,26 @@ class Swapper:
             return base_of(self.store, self.store.get(route.content_id)).content_id
         return route.content_id or self.routes.base_content_id
 
-    async def verify(self, model: str, content_id: str, probe: Probe | None) -> None:
-        """The canary request: the engine answers as this content must (see the module docstring)."""
+    async def verify(self, model: str, content_id: str, probe: Probe | None, on: Weights | None = None) -> None:
+        """The canary request: the engine answers as this content must (see the module docstring);
+        with several replicas, each of them does (`on`: one replica, being brought in step)."""
         check = probe or DEFAULT_PROBE
         try:
-            text = await self.weights.greedy(model, check.messages, check.max_tokens)
+            answers = await (on or self.weights).answers(model, check.messages, check.max_tokens)
         except EngineWeightsError as exc:
             raise SwapFailedError(str(exc)) from exc
         expected = probe.text if probe is not None else self._probes.get(content_id)
         if expected is None:
-            self._probes[content_id] = text
+            expected = self._probes[content_id] = answers[0][1]
             await asyncio.to_thread(self._save_probes)
-        elif self.config.release.verify == "tokens" and text != expected:
-            raise SwapFailedError(f"canary request: {model} answered {text!r}, but content {content_id[:12]} "
-                                  f"answers {expected!r}: the engine is not serving it")
+        for replica, text in answers:
+            if self.config.release.verify == "tokens" and text != expected:
+                where = f"replica {replica}: " if replica else ""
+                raise SwapFailedError(f"canary request: {where}{model} answered {text!r}, but content "
+                                      f"{content_id[:12]} answers {expected!r}: the engine is not serving it")
 
-    def _probe_for(self, content_id: str) -> Probe | None:
+    def probe_for(self, content_id: str) -> Probe | None:
+        """The gate's canary request for this content; None: the neutral probe."""
         for scenario in CandidateRegistry.scenarios(self.data_dir):
             try:
                 view = CandidateRegistry(self.data_dir, scenario).get(content_id)

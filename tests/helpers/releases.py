@@ -47,20 +47,24 @@ class Outcome:
 
 @dataclass
 class Load:
-    """`clients` threads asking `messages` at temperature 0 until stopped, half of them streaming."""
+    """`clients` threads asking `messages` at temperature 0 until stopped, half of them streaming
+    (`streams`); client i sends `x-reef-session: sessions[i % len(sessions)]` when `sessions` are given
+    (to spread the load over replicas)."""
 
     url: str
     model: str
     scenario: str
     messages: list[dict[str, str]]
     clients: int = 8
+    sessions: tuple[str, ...] = ()
+    streams: bool = True
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def __enter__(self) -> Load:
         for i in range(self.clients):
-            t = threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True)
+            t = threading.Thread(target=self._run, args=(self.streams and i % 2 == 0, i), daemon=True)
             t.start()
             self._threads.append(t)
         return self
@@ -70,9 +74,12 @@ class Load:
         for t in self._threads:
             t.join(timeout=120)
 
-    def _run(self, stream: bool) -> None:
+    def _run(self, stream: bool, i: int) -> None:
+        headers = {"x-reef-scenario": self.scenario}
+        if self.sessions:
+            headers["x-reef-session"] = self.sessions[i % len(self.sessions)]
         client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120,
-                               default_headers={"x-reef-scenario": self.scenario})
+                               default_headers=headers)
         while not self._stop.is_set():
             try:
                 raw = client.chat.completions.with_raw_response.create(

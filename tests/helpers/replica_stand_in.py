@@ -8,11 +8,10 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
-import httpx
 from aiohttp import web
 
+from reef.serve_process import wait_healthy
 from tests.helpers import REPO
 
 STEP_S = 0.05
@@ -59,18 +58,11 @@ def _app(name: str) -> web.Application:
 def start(port: int, name: str, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
     """The stand-in as a child process, once its `/health` answers."""
     process = subprocess.Popen([sys.executable, "-m", "tests.helpers.replica_stand_in", str(port), name], cwd=REPO)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"stand-in {name} exited with {process.returncode}"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
+    if wait_healthy(f"http://127.0.0.1:{port}/health", process, timeout_s, interval_s=0.05):
+        return process
+    assert process.poll() is None, f"stand-in {name} exited with {process.returncode}"
     process.kill()
     raise RuntimeError(f"stand-in {name} did not start on port {port}")
-
 
 if __name__ == "__main__":
     web.run_app(_app(sys.argv[2]), host="127.0.0.1", port=int(sys.argv[1]), print=None)

@@ -134,10 +134,11 @@ class Connection(asyncio.Protocol):
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives: everything received since the last step, joined."""
+        body = self._body
         while True:
-            if self._body:
-                data = b"".join(self._body)
-                self._body.clear()
+            if body:
+                data = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
                 if self._buffered > _HIGH_WATER and self.transport is not None and not self.closed:
                     self.transport.resume_reading()
                 self._buffered = 0
@@ -145,7 +146,16 @@ class Connection(asyncio.Protocol):
             elif self.complete:
                 return
             else:
-                await self._wait()
+                # `_wait`, inline: once per event of a stream.
+                if self._error is not None:
+                    raise self._error
+                waiter = self._waiter = self._loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+                if self._error is not None and not body:
+                    raise self._error
 
     async def _wait(self) -> None:
         if self._error is not None:

@@ -14,6 +14,12 @@
   A stream cut after its first bytes went to the client cannot move: it ends with an error event
   (what vLLM itself sends when it fails mid-stream), and its replica is marked down.
 
+- **In step.** When releases load weights into the replicas (`sync` set, reef.serving.replica_sync),
+  a replica that is out is never tried, and one whose `/health` answers again is first brought in
+  step (every head and canary loaded and proved on it) and only then taken back: health alone could
+  send calls to an engine that lost its adapters in a restart, or holds other full weights. Every
+  replica is probed each interval then, not only those out, so a restart between two calls is seen.
+
 One replica (`upstream.url`, or a managed engine) is the same code with nowhere else to go.
 """
 
@@ -26,23 +32,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import orjson
 
+from reef.engine.replica_weights import label
 from reef.gateway.transport.upstream import EngineUnavailable, Upstream, UpstreamError
+from reef.gateway.wire.errors import ReefError
 
 log = logging.getLogger("reef.replicas")
 T = TypeVar("T")
 
 _DOWN_STATUS = frozenset({502, 503, 504})  # the replica (or a proxy in front of it) cannot serve now
 _FAILED = (OSError, TimeoutError)
+SYNC_RETRY_S = 5.0  # after a replica could not be brought in step (each try may reload its weights)
 
 
-def label(url: str) -> str:
-    """A replica's name in records, status and metrics: its URL without credentials."""
-    parts = urlsplit(url.rstrip("/"))
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+__all__ = ["Replica", "Replicas", "affinity_key", "label"]
 
 
 def affinity_key(session: str | None, messages: Sequence[dict[str, Any]], prefixes: Sequence[str]) -> str:
@@ -100,6 +105,11 @@ class Replicas:
             raise ValueError("no upstream URL")
         self.members = [Replica(url, Upstream(url, api_key, timeout_s)) for url in urls]
         self.cut_streams = 0
+        # Brings a replica that is back in step (True: it serves what the chains name); None: health
+        # alone takes a replica back (no weights are loaded into the replicas).
+        self.sync: Callable[[str], Awaitable[bool]] | None = None
+        self._syncing: dict[str, asyncio.Task[None]] = {}  # by URL: one at a time, the watch goes on meanwhile
+        self._sync_after: dict[str, float] = {}  # by URL: not tried again before (monotonic)
 
     @property
     def several(self) -> bool:
@@ -122,7 +132,41 @@ class Replicas:
             ranked = sorted(self.members, key=lambda r: r.requests)
         else:
             ranked = sorted(self.members, key=lambda r: _score(key, r), reverse=True)
+        if self.sync is not None:  # one that is out may serve other weights than the chain names
+            return [r for r in ranked if r.healthy]
         return [r for r in ranked if r.healthy] + [r for r in ranked if not r.healthy]
+
+    def in_service(self) -> list[str]:
+        """The replicas that take calls now (what a release must reach before the head moves)."""
+        return [r.url for r in self.members if r.healthy]
+
+    def take_out(self, url: str, reason: str) -> None:
+        """Out until it is in step again (a weight reload failed on it)."""
+        next(r for r in self.members if r.url == url).failed(reason, self.several)
+
+    def _back(self, replica: Replica) -> None:
+        """A replica that is out answers `/health` again: in step first (a task: a sync waits for a
+        release in progress, and the watch keeps probing meanwhile), then back."""
+        if replica.healthy or replica.url in self._syncing:
+            return
+        if self.sync is None:
+            replica.recovered()
+            return
+        if time.monotonic() < self._sync_after.get(replica.url, 0.0):
+            return
+        sync = self.sync
+
+        async def bring_back() -> None:
+            try:
+                if await sync(replica.url):
+                    replica.recovered()
+                else:
+                    replica.last_error = "back, but not in step with the releases yet (see the log)"
+                    self._sync_after[replica.url] = time.monotonic() + SYNC_RETRY_S
+            finally:
+                self._syncing.pop(replica.url, None)
+
+        self._syncing[replica.url] = asyncio.get_running_loop().create_task(bring_back())
 
     def _name(self, replica: Replica) -> str | None:
         """What a record names: nothing when there is one replica (as before replicas existed)."""
@@ -144,6 +188,10 @@ class Replicas:
         """The first replica in `key`'s order that answers `send`, and its answer; a replica that
         gave no answer is passed over, the last one's failure raised."""
         order = self._order(key)
+        if not order:
+            raise ReefError(503, "no model server replica is in service (each is down, or being brought in step "
+                            "with the releases); retry shortly", code="engine_unavailable",
+                            headers={"Retry-After": "5"})
         for i, replica in enumerate(order):
             try:
                 answer = await send(replica.upstream)
@@ -184,7 +232,7 @@ class Replicas:
             await lines.aclose()  # type: ignore[attr-defined]
 
     async def _any(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, bytes]:
-        order = self._order(None)
+        order = self._order(None) or self.members
         for i, replica in enumerate(order):
             try:
                 if body is None:
@@ -213,29 +261,38 @@ class Replicas:
         return all(found)
 
     async def healthy(self) -> bool:
-        """Probes every replica's `/health` (bringing recovered ones back); True when any answers."""
+        """Probes every replica's `/health` (bringing recovered ones back, unless they must be
+        brought in step first: `watch` does that); True when any answers (and, when they must be in
+        step, is in service)."""
         states = await asyncio.gather(*(r.upstream.healthy() for r in self.members))
         for replica, ok in zip(self.members, states, strict=True):
-            if ok:
+            if ok and self.sync is None:
                 replica.recovered()
-            elif replica.healthy and self.several:
+            elif not ok and replica.healthy and self.several:
                 replica.failed("/health did not answer 200", True)
+        if self.sync is not None:
+            return any(ok and r.healthy for r, ok in zip(self.members, states, strict=True))
         return any(states)
 
     async def watch(self, interval_s: float = 1.0) -> None:
-        """Probe the replicas that are down until they answer again (runs for the server's life)."""
+        """Probe the replicas that are down until they answer again, and are in step (runs for the
+        server's life); with `sync`, every replica, so a restart between two calls is seen too."""
         while True:
             await asyncio.sleep(interval_s)
-            down = [r for r in self.members if not r.healthy]
-            if down:
-                states = await asyncio.gather(*(r.upstream.healthy() for r in down))
-                for replica, ok in zip(down, states, strict=True):
+            probed = self.members if self.sync is not None else [r for r in self.members if not r.healthy]
+            if probed:
+                states = await asyncio.gather(*(r.upstream.healthy() for r in probed))
+                for replica, ok in zip(probed, states, strict=True):
                     if ok:
-                        replica.recovered()
+                        self._back(replica)
+                    elif replica.healthy and self.several:
+                        replica.failed("/health did not answer 200", True)
 
     def describe(self) -> list[dict[str, Any]]:
         return [r.describe() for r in self.members]
 
     async def aclose(self) -> None:
+        for task in list(self._syncing.values()):
+            task.cancel()
         for replica in self.members:
             await replica.upstream.aclose()

@@ -143,5 +143,5 @@ def split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
     Splits on b"\\n" only: generated text may hold U+2028 or U+0085, which str.splitlines-based
     readers (httpx's aiter_lines) wrongly treat as line ends inside a JSON event.
     """
-    *lines, rest = (pending + data).split(b"\n")
-    return [line for line in lines if line.strip()], rest
+    *lines, rest = (pending + data if pending else data).split(b"\n")
+    return [line for line in lines if line and not line.isspace()], rest

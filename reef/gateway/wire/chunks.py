@@ -181,6 +181,7 @@ class StreamAccumulator:
         self.first_token_at: float | None = None
 
     def feed(self, chunk: Chunk | dict[str, Any]) -> None:
+        # Once per event of every stream: locals and falsy checks (UNSET is falsy), no method calls.
         if isinstance(chunk, dict):
             chunk = of_dict(chunk)
         if chunk.id is not UNSET:
@@ -193,34 +194,42 @@ class StreamAccumulator:
             self.prompt_token_ids = chunk.prompt_token_ids
         if chunk.usage:
             self.usage = chunk.usage
-        for choice in chunk.choices or ():
-            index = choice.position()
+        choices = chunk.choices
+        if not choices:
+            return
+        for choice in choices:
+            index = choice.index if isinstance(choice.index, int) else 0
             acc = self.choices.get(index)
             if acc is None:  # not setdefault: that would build an accumulator for every chunk
                 acc = self.choices[index] = _ChoiceAcc()
             delta = choice.delta
-            content = delta.content if delta else None
-            calls = delta.tool_calls if delta else None
+            if delta:
+                content, calls = delta.content, delta.tool_calls
+            else:
+                content = calls = None
+            token_ids, finish = choice.token_ids, choice.finish_reason
             # The first generated token, whatever it is: a reply that is only end-of-turn (or only a
             # tool call) has a time to first token too.
-            if self.first_token_at is None and (content or calls or choice.token_ids or choice.finish_reason):
+            if self.first_token_at is None and (content or calls or token_ids or finish):
                 self.first_token_at = time.perf_counter()
             if content:
                 acc.content.append(content)
-            for call in calls or ():
-                slot = acc.tool_calls.setdefault(
-                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                )
-                slot["id"] = call.get("id") or slot["id"]
-                fn = call.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-            if choice.token_ids:
-                acc.token_ids.extend(choice.token_ids)
-            if choice.logprobs:
-                acc.logprobs.extend(choice.logprob_values())
-            if choice.finish_reason:
-                acc.finish_reason = choice.finish_reason
+            if calls:
+                for call in calls:
+                    slot = acc.tool_calls.setdefault(
+                        call.get("index", 0),
+                        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                    slot["id"] = call.get("id") or slot["id"]
+                    fn = call.get("function") or {}
+                    slot["function"]["name"] += fn.get("name") or ""
+                    slot["function"]["arguments"] += fn.get("arguments") or ""
+            if token_ids:
+                acc.token_ids.extend(token_ids)
+            logprobs = choice.logprobs
+            if logprobs and isinstance(logprobs, Logprobs) and logprobs.content:
+                acc.logprobs.extend([t.logprob for t in logprobs.content])
+            if finish:
+                acc.finish_reason = finish
 
     def _message(self, acc: _ChoiceAcc) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(acc.content)}

@@ -264,6 +264,10 @@ def from_chat(chat: UpstreamResponse, req: MessagesRequest, record_id: str | Non
             **({"agent_record_id": record_id} if record_id is not None else {})}
 
 
+_TEXT_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_TEXT_DELTA_MID = b',"delta":{"type":"text_delta","text":'
+
+
 class MessagesStream:
     """Chat chunks in, Anthropic's event sequence out; the receipt rides on `message_stop`.
 
@@ -309,8 +313,9 @@ class MessagesStream:
             if delta.content:
                 if self.open != ("text", 0):
                     out += self._open(("text", 0), {"type": "text", "text": ""})
-                out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.blocks - 1,
-                                                         "delta": {"type": "text_delta", "text": delta.content}}))
+                # `event("content_block_delta", {...})` byte for byte, without a dict per token.
+                out.append(b"%s%d%s%s}}\n\n" % (_TEXT_DELTA, self.blocks - 1, _TEXT_DELTA_MID,
+                                                 orjson.dumps(delta.content)))
             for position, call in enumerate(delta.tool_calls or ()):
                 key, fn = ("tool", call.get("index", position)), call.get("function") or {}
                 if self.open != key:

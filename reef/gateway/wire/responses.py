@@ -250,6 +250,10 @@ def from_chat(chat: UpstreamResponse, req: ResponsesRequest, record_id: str | No
     return shell
 
 
+_TEXT_DELTA = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
+_TEXT_DELTA_END = b',"logprobs":[]}\n\n'
+
+
 class ResponsesStream:
     """Chat chunks in, the Responses event sequence out; the receipt rides on `response.completed`."""
 
@@ -260,6 +264,7 @@ class ResponsesStream:
         self.started = False
         self.items: list[dict[str, Any]] = []  # in output order
         self.text: dict[str, Any] | None = None
+        self.delta_head: bytes | None = None  # the text item's delta events' fixed middle
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -268,6 +273,17 @@ class ResponsesStream:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return event(kind, payload)
+
+    def _text_delta(self, text: str) -> bytes:
+        """`_event("response.output_text.delta", ...)`, byte for byte, from the text item's fixed
+        bytes: one event per token, and a dict built and serialised whole for each was most of it."""
+        assert self.text is not None
+        head = self.delta_head
+        if head is None:  # one text item per response
+            head = self.delta_head = (b',"item_id":' + orjson.dumps(self.text["id"])
+                                      + b',"output_index":%d,"content_index":0,"delta":' % self.text["index"])
+        self.seq += 1
+        return b"%s%d%s%s%s" % (_TEXT_DELTA, self.seq - 1, head, orjson.dumps(text), _TEXT_DELTA_END)
 
     def _start(self) -> list[bytes]:
         if self.started:
@@ -294,9 +310,7 @@ class ResponsesStream:
                                            output_index=self.text["index"], content_index=0,
                                            part={"type": "output_text", "text": "", "annotations": []}))
                 self.text["text"] += delta.content
-                out.append(self._event("response.output_text.delta", item_id=self.text["id"],
-                                       output_index=self.text["index"], content_index=0, delta=delta.content,
-                                       logprobs=[]))
+                out.append(self._text_delta(delta.content))
             for position, call in enumerate(delta.tool_calls or ()):
                 out += self._call_delta(call.get("index", position), call)
             if choice.finish_reason:
