@@ -60,8 +60,7 @@ def sample_arms(candidate: Weights, head: Weights, suite: EvalSuite, samples: in
     both arms on the head's weights) and the head runs on the engine's base weights (`head.served`
     or an adapter), else with transformers; `data_dir` is where gates sharing the engine take turns.
     `kept`: the head replies an earlier gate or warm-up sampled on the engine, reused and added to."""
-    arm_tasks = (harnesses.tasks(suite) if harnesses is not None
-                 else {arm: list(suite.tasks) for arm in ARMS})
+    arm_tasks = _arm_tasks(suite, harnesses)
     note = ""
     on_engine = candidate.adapter is not None or (harnesses is not None and candidate == head)
     if engine is not None and on_engine and (head.served or head.adapter):
@@ -79,11 +78,15 @@ def sample_head(head: Weights, suite: EvalSuite, samples: int, config: GateSetti
                 kept: HeadReplies, *, data_dir: Path | str | None = None, progress: bool = True,
                 harnesses: HarnessArms | None = None) -> Replies:
     """The head arm's replies alone, through `engine`, kept in `kept` as each task's arrive (the
-    learner's warm-up before a gate: reef.gate.evaluate.warm_head); tasks already kept are not sampled."""
-    arm_tasks = (harnesses.tasks(suite) if harnesses is not None
-                 else {arm: list(suite.tasks) for arm in ARMS})
+    learner's warm-up before a gate: reef.gate.warm); tasks already kept are not sampled."""
+    arm_tasks = _arm_tasks(suite, harnesses)
     with taking_turns(Path(data_dir) if data_dir is not None else None):
         return _engine_replies(engine, {"head": head}, suite, arm_tasks, samples, config, progress, kept)
+
+
+def _arm_tasks(suite: EvalSuite, harnesses: HarnessArms | None) -> dict[str, list[Task]]:
+    """Each arm's tasks: with its harness applied, or as the suite has them."""
+    return harnesses.tasks(suite) if harnesses is not None else {arm: list(suite.tasks) for arm in ARMS}
 
 
 def _transformers_outputs(candidate: Weights, head: Weights, suite: EvalSuite, arm_tasks: dict[str, list[Task]],
