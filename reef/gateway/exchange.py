@@ -337,9 +337,10 @@ async def commit(st: GatewayState, record: RecordRow) -> None:
     bound.ok.inc()
 
 
-def _chunks(lines: list[bytes], whole: bool) -> tuple[list[Chunk], bool]:
+def _chunks(lines: list[bytes], whole: bool, acc: StreamAccumulator | None = None) -> tuple[list[Chunk], bool]:
     """The `data:` events of one read, and whether the stream's `[DONE]` was among them. `whole`:
-    every event parsed whole (the client asked for the logprobs: `reef.gateway.wire.chunks`)."""
+    every event parsed whole (the client asked for the logprobs: `reef.gateway.wire.chunks`).
+    `acc`: the record, each event fed to it as it is parsed (one pass, once per event of a stream)."""
     out: list[Chunk] = []
     for line in lines:
         if not line.startswith(b"data:"):
@@ -347,7 +348,11 @@ def _chunks(lines: list[bytes], whole: bool) -> tuple[list[Chunk], bool]:
         data = line[5:].strip()
         if data == b"[DONE]":
             return out, True
-        out.append(decode(data, whole))
+        chunk = decode(data, whole)
+        # An engine's mid-stream error is passed on, not recorded.
+        if acc is not None and (type(chunk) is not OtherChunk or not chunk.failed):
+            acc.feed(chunk)
+        out.append(chunk)
     return out, False
 
 
@@ -357,13 +362,13 @@ async def _recorded(st: GatewayState, ex: Exchange, first: list[bytes], batches:
     committing = False
     try:
         whole = wants.logprobs
-        chunks, done = _fed(first, acc, whole)
+        chunks, done = _chunks(first, whole, acc)
         if chunks:
             yield chunks
         async for lines in batches:
             if done:
                 continue  # read to its end, so that its connection is kept
-            chunks, done = _fed(lines, acc, whole)
+            chunks, done = _chunks(lines, whole, acc)
             if chunks:
                 yield chunks
         committing = True
@@ -378,23 +383,6 @@ async def _recorded(st: GatewayState, ex: Exchange, first: list[bytes], batches:
             )
             _background.add(task)
             task.add_done_callback(_background.discard)
-
-
-def _fed(lines: list[bytes], acc: StreamAccumulator, whole: bool) -> tuple[list[Chunk], bool]:
-    """`_chunks`, each fed to the record as it is parsed: one pass, once per event of every stream."""
-    out: list[Chunk] = []
-    feed = acc.feed
-    for line in lines:
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return out, True
-        chunk = decode(data, whole)
-        if type(chunk) is not OtherChunk or not chunk.failed:  # an engine's mid-stream error is passed on
-            feed(chunk)
-        out.append(chunk)
-    return out, False
 
 
 async def _passed(batches: AsyncIterator[list[bytes]], whole: bool) -> AsyncIterator[list[Chunk]]:
