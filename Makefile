@@ -113,7 +113,9 @@ $(OPENCODE_DIR)/.installed-$(OPENCODE_VERSION): | debs
 # first, lowest rank first, so the long ones do not run alone at the end (tests/conftest.py orders
 # them, and ranks the notebooks, which cannot carry markers).
 # On a slow machine the build can be the longer of the two, so the model-free tests run niced:
-# where their engines and servers want more than their core, the build keeps its own.
+# where their engines and servers want more than their core, the build keeps its own. They run on
+# two workers all the same: the build takes one core for 4-5 minutes, and the model-free tests
+# take longer than that, so after it they have both cores.
 # The Debian packages and the agents (`make agents`: Pi, Codex, Claude Code, OpenCode) install in the
 # background (log: test-artifacts/debs-pi.log): only the browser and agent tests, in the second phase, need them,
 # and the PostgreSQL tests (model-free), which wait for the server's package (REEF_TEST_POSTGRES_WAIT_S).
@@ -137,7 +139,7 @@ test:
 	else \
 	  echo "building the tests' tiny model in the background (log: test-artifacts/tiny-build.log)"; \
 	  $(BIN)/python -m tests.helpers.tiny.model --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
-	  REEF_TEST_MODEL_FREE=1 REEF_TEST_POSTGRES_WAIT_S=900 nice -n 10 $(PYTEST) -m model_free tests; free=$$?; \
+	  REEF_TEST_MODEL_FREE=1 REEF_TEST_POSTGRES_WAIT_S=900 nice -n 10 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m model_free tests; free=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
 	  debs_ready; \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests --nbmake; rest=$$?; \

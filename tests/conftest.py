@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from reef.config import ServeConfig
 from reef.engine.supervisor import EngineSupervisor
@@ -93,8 +94,12 @@ def serving_model(request: pytest.FixtureRequest) -> Path:
     from tests.helpers.tiny.model import build_tiny, is_current
 
     quick = ARTIFACTS / "quick-model"
-    if not is_current(quick, steps=QUICK_MODEL_STEPS):
-        build_tiny(quick, seed=0, progress=False, steps=QUICK_MODEL_STEPS, evaluate=False)
+    ARTIFACTS.mkdir(exist_ok=True)
+    # Both xdist workers want it: one builds, the other waits (a second build would replace the
+    # folder under the first worker's engine).
+    with FileLock(ARTIFACTS / "quick-model.lock"):
+        if not is_current(quick, steps=QUICK_MODEL_STEPS):
+            build_tiny(quick, seed=0, progress=False, steps=QUICK_MODEL_STEPS, evaluate=False)
     return quick
 
 
