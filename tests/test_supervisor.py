@@ -162,6 +162,24 @@ def test_tcmalloc_is_preloaded_into_vllm_when_installed(tmp_path: Path, monkeypa
     assert kept["LD_PRELOAD"].endswith("/opt/mine.so")
 
 
+def test_the_engine_leaves_a_core_to_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the engine's OpenMP team is one core short of the machine (split among replicas), or
+    what engine.cpu_threads says; the test process's own OMP_NUM_THREADS does not leak into it."""
+    monkeypatch.setattr("reef.engine.supervisor._cuda_available", lambda: False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    def threads(**engine: int) -> str:
+        config = ServeConfig(data_dir=tmp_path, engine=engine)  # type: ignore[arg-type]
+        return EngineSupervisor(config, tmp_path / "vllm.log").environment()["OMP_NUM_THREADS"]
+
+    assert threads() == "7"
+    assert threads(replicas=2) == "3"
+    assert threads(cpu_threads=2) == "2"
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
+    assert threads() == "1"
+
+
 def test_the_engine_port_is_never_the_gateway_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # A caller picks the gateway's port free and starts `reef serve` on it; until the gateway binds
     # it, the kernel may hand the same port out again: the engine must not take it (it did, in CI).

@@ -60,6 +60,11 @@ class EngineConfig(_Strict):
     tcmalloc: bool = Field(default=True, description="on CPU, preload tcmalloc into vLLM when Debian's "
                            "libtcmalloc-minimal4 is installed (as vLLM's CPU guide advises)")
     enforce_eager: bool = False
+    cpu_threads: int | None = Field(
+        default=None, ge=1, description="on CPU, the engine's OpenMP threads (OMP_NUM_THREADS); unset: one core "
+        "fewer than the machine has (at least 1), split among the replicas. An engine whose threads fill every "
+        "core stalls whenever anything else runs (the gateway, a round's training): each step waits for the "
+        "thread that lost its core (bench/engine_threads.py)")
     startup_timeout_s: float = 600.0
     enable_lora: bool = Field(default=True, description="serve LoRA releases as runtime-loaded adapters")
     replicas: int = Field(default=1, ge=1, description="vLLM engines of the model, each its own process group, "

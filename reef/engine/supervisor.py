@@ -137,6 +137,19 @@ class EngineSupervisor:
             cmd += ["--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras)]
         return cmd + list(engine.extra_args)
 
+    @property
+    def cpu_threads(self) -> int:
+        """The engine's OpenMP threads on CPU (engine.cpu_threads): unset, a core is left to the rest.
+
+        With every core in its OpenMP team, each of the engine's many parallel regions per step waits
+        for the one thread whose core something else took (the gateway, a round's training, even at
+        nice 10), and users' replies took 3-15x longer beside any other load; with a core left over,
+        the engine keeps its pace (bench/engine_threads.py)."""
+        engine = self.config.engine
+        if engine.cpu_threads is not None:
+            return engine.cpu_threads
+        return max(1, (len(os.sched_getaffinity(0)) - 1) // engine.replicas)
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.devices is not None:
@@ -148,6 +161,7 @@ class EngineSupervisor:
             # process imports torch and vLLM (~15 s of CPU each on 2 cores), so a start takes
             # 10-20 s less and ~0.6 GB less; 32 concurrent 64-token chats ran as fast (1.8-2.5k tokens/s both ways).
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            env["OMP_NUM_THREADS"] = str(self.cpu_threads)
             preload = env.get("LD_PRELOAD", "")
             if self.config.engine.tcmalloc and TCMALLOC.exists() and "tcmalloc" not in preload:
                 # glibc's malloc is what vLLM's CPU guide says to replace: bench/engine_speed.py
