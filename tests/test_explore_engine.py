@@ -207,3 +207,21 @@ def test_rollouts_of_a_scenario_with_an_environment_are_episodes(vllm_url: str) 
                 before.sample.completion.prompt_ids
             assert any(m["role"] == "tool" for m in after.context or ())
     assert any(len(turns) > 1 for turns in by_episode.values()), "no episode called the tool"
+
+
+def test_seeded_rollouts_sample_the_same_replies_again(vllm_url: str) -> None:
+    """A plan with a seed sends every request a seed of its own (task, job, turn): a rerun samples the
+    same tokens at temperature 1, another seed other ones."""
+    shop = get_scenario("shop", resolve(config_file=REPO / "examples" / "shop" / "serve.yaml")[0])
+    tasks, _ = practice_tasks(shop)
+
+    def tokens(seed: int) -> list[tuple[int, ...]]:
+        plan = RolloutPlan(samples=2, temperature=1.0, max_tokens=16, guided="off", seed=seed, fruitless_after=None)
+        run = sample_rollouts(EngineEndpoint(vllm_url, MODEL_NAME), Arm(served=MODEL_NAME), dict(enumerate(tasks[:3])),
+                              plan, lambda ts, replies: [0.0] * len(replies))
+        return sorted(tuple(r.sample.completion.completion_ids) for r in run.rollouts)
+
+    first = tokens(7)
+    assert len(first) == 6
+    assert tokens(7) == first
+    assert tokens(8) != first

