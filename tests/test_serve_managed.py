@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,3 +89,63 @@ def test_managed_vllm_lifecycle(serving_model: Path, tmp_path: Path) -> None:
     assert code == 0
     gone, alive = psutil.wait_procs(family, timeout=30)
     assert not alive, f"vLLM processes left behind: {alive}"
+
+
+def test_managed_replicas_serve_on_while_one_is_killed(serving_model: Path, tmp_path: Path) -> None:
+    """`engine.replicas: 2`: two supervised engines behind the gateway's balancer. A kill -9 of one's
+    API server under load fails no call (the balancer sends them to the other), its supervisor
+    restarts it, it serves again, and every record names the replica that served it."""
+    from reef.experience import load
+    from reef.serve_process import ServeProcess
+    from tests.helpers import wait_for
+    from tests.helpers.gateway import wait_flushed
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REEF_")}
+    gw = ServeProcess(tmp_path, ["--model", str(serving_model)],
+                      env={**env, "REEF_SERVED_MODEL_NAME": MODEL_NAME, "REEF_ENGINE__REPLICAS": "2"}).start()
+    http = httpx.Client(base_url=gw.url, timeout=60)
+    failures: list[str] = []
+    served = 0
+    stop = threading.Event()
+
+    def user(i: int) -> None:
+        nonlocal served
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+        while not stop.is_set():
+            try:
+                client.chat.completions.create(model=MODEL_NAME, max_tokens=4, extra_headers={
+                    "x-reef-session": f"user-{i}-{served}"}, messages=[{"role": "user", "content": "hi"}])
+                served += 1
+            except openai.APIError as exc:
+                failures.append(repr(exc))
+
+    try:
+        engine = http.get("/reef/status").json()["engine"]
+        assert len(engine["engines"]) == 2 and len(engine["replicas"]) == 2, engine
+        assert all(e["alive"] and e["ready"] for e in engine["engines"]), engine
+        pids = [e["pid"] for e in engine["engines"]]
+        users = [threading.Thread(target=user, args=(i,)) for i in range(4)]
+        for t in users:
+            t.start()
+        wait_for(lambda: served >= 8, timeout=120)
+        os.kill(pids[1], signal.SIGKILL)
+
+        def back() -> bool:
+            now = http.get("/reef/status").json()["engine"]
+            return (now["engines"][1]["restarts"] == 1 and now["engines"][1]["ready"]
+                    and now["replicas"][1]["healthy"] and now["engines"][1]["pid"] != pids[1])
+
+        wait_for(back, timeout=400)
+        at_restart = served
+        wait_for(lambda: served >= at_restart + 8, timeout=120)  # and it serves on, both replicas in
+        stop.set()
+        for t in users:
+            t.join(timeout=60)
+        wait_flushed(gw)
+    finally:
+        stop.set()
+        http.close()
+        gw.stop()
+    assert not failures, failures[:3]
+    replicas = load("default", gw.data_dir).collect()["replica"]
+    assert replicas.null_count() == 0 and replicas.n_unique() == 2, replicas.value_counts()
