@@ -232,7 +232,12 @@ def gateways_kill(work: Path, clients: int, seconds: float) -> list[str]:
         with PostgresServer.start() as pg:
             env = {"REEF_SERVED_MODEL_NAME": MODEL, "REEF_STATE__URL": pg.create_database("faults"),
                    "REEF_STORE__FLUSH_INTERVAL_S": "3600"}
-            args = ["--upstream-url", f"http://127.0.0.1:{port}", "--model", str(TINY)]
+            # The gateways never load the model (the stand-in answers): a folder they can hash as r0.
+            model = work / "stand-in-model"
+            model.mkdir()
+            (model / "config.json").write_text('{"model_type": "llama"}')
+            (model / "model.safetensors").write_bytes(os.urandom(2048))
+            args = ["--upstream-url", f"http://127.0.0.1:{port}", "--model", str(model)]
             killed, survivor = (ServeProcess(work / f"gateway-{name}", args, env) for name in ("a", "b"))
             try:
                 killed.start()
