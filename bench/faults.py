@@ -9,6 +9,12 @@ Rows (each with `--clients` threads sending JSON chats, each with a report, all 
                 (target: 0 failed requests); recovery is the time until the killed replica serves
                 again (restarted by its supervisor, brought in step with the releases)
 - gateway kill: `kill -9` of a `reef serve` (in front of that engine), then started again
+- gateway kill, second alive: two `reef serve` on one PostgreSQL (`state.url`, a server `initdb`ed
+                for the row) in front of a stand-in engine, each with its own data dir and half the
+                clients; `kill -9` of one. Failed requests are counted on the survivor (target: 0);
+                the killed one's acknowledged records are looked up once it is started again, and
+                every acknowledged report, through either, is sent again to the survivor (the keys
+                are in PostgreSQL: each must come back a duplicate)
 - disk full:    the WAL on a 1 MB tmpfs (needs root or sudo) filled by large reports
 - learner kill: `kill -9` of a `reef serve` with the learner on while a round trains, then started
                 again; also: records trained twice (ledger) and records of the killed round that
@@ -46,7 +52,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.results import add_flag, publish  # noqa: E402
+from reef.engine.supervisor import free_port  # noqa: E402
 from reef.serve_process import ServeProcess  # noqa: E402
+from tests.helpers import replica_stand_in  # noqa: E402
+from tests.helpers.postgres import PostgresServer  # noqa: E402
 from tests.helpers.tiny import declare_scenarios  # noqa: E402
 
 declare_scenarios()  # demo-add and demo-rules, here and in the processes this bench starts
@@ -126,13 +135,14 @@ class Load:
         return None
 
 
-def lost(url: str, load: Load) -> int:
+def lost(url: str, load: Load, records_url: str | None = None) -> int:
     """Acknowledged records or reports the server does not have (a report is checked by sending
-    it again: a stored one comes back as a duplicate)."""
+    it again: a stored one comes back as a duplicate). Records are looked up at `records_url`
+    (default: `url`), the gateway that recorded them."""
     missing = 0
     with httpx.Client(base_url=url, timeout=60, headers={"x-reef-scenario": load.scenario}) as http:
         for record_id in load.acked_records:
-            missing += http.get(f"/reef/records/{record_id}").status_code != 200
+            missing += http.get(f"{records_url or url}/reef/records/{record_id}").status_code != 200
         for report_id, record_id in load.acked_reports:
             r = http.post("/reef/report", json={"agent_record_id": record_id, "score": 1.0, "report_id": report_id,
                                                  "feedback": load.feedback})
@@ -210,6 +220,56 @@ def gateway_kill(engine_url: str, work: Path, clients: int, seconds: float) -> l
         return row("gateway kill (kill -9 reef serve, restart)", load, fault_at, recovered, gw.url)
     finally:
         gw.stop()
+
+
+def gateways_kill(work: Path, clients: int, seconds: float) -> list[str]:
+    """Two gateways on one PostgreSQL, `kill -9` of one (see the module's docstring). A session stays
+    on its gateway (as the load balancer must keep it while experience is per gateway: a report
+    names a record only the gateway that recorded it holds)."""
+    port = free_port()
+    engine = replica_stand_in.start(port, "engine")
+    try:
+        with PostgresServer.start() as pg:
+            env = {"REEF_SERVED_MODEL_NAME": MODEL, "REEF_STATE__URL": pg.create_database("faults"),
+                   "REEF_STORE__FLUSH_INTERVAL_S": "3600"}
+            # The gateways never load the model (the stand-in answers): a folder they can hash as r0.
+            model = work / "stand-in-model"
+            model.mkdir()
+            (model / "config.json").write_text('{"model_type": "llama"}')
+            (model / "model.safetensors").write_bytes(os.urandom(2048))
+            args = ["--upstream-url", f"http://127.0.0.1:{port}", "--model", str(model)]
+            killed, survivor = (ServeProcess(work / f"gateway-{name}", args, env) for name in ("a", "b"))
+            try:
+                killed.start()
+                survivor.start()
+                half = max(1, clients // 2)
+                with Load(killed.url, half) as on_killed, Load(survivor.url, half) as on_survivor:
+                    time.sleep(seconds)
+                    fault_at = time.monotonic()
+                    killed.kill()
+                    time.sleep(seconds)  # the survivor alone under its load; the other half fails
+                first = min((t for t in on_survivor.successes if t > fault_at), default=None)
+                restarted_at = time.monotonic()
+                killed.start()  # to look up what it acknowledged: its data dir, its WAL
+                back = time.monotonic() - restarted_at
+                missing = (lost(survivor.url, on_killed, records_url=killed.url)
+                           + lost(survivor.url, on_survivor))
+                failed = [what for t, what in on_survivor.failures if t >= fault_at]
+                on_dead = len([t for t, _ in on_killed.failures if t >= fault_at])
+                return ["gateway kill, second alive (kill -9 one of 2 reef serve on one PostgreSQL)",
+                        f"{len(failed)} on the survivor ({', '.join(sorted(set(failed))) or '-'}); {on_dead} "
+                        "sent to the killed one",
+                        f"{missing} (of {len(on_killed.acked_records) + len(on_survivor.acked_records)} records, "
+                        f"{len(on_killed.acked_reports) + len(on_survivor.acked_reports)} reports)",
+                        (f"survivor: first success {first - fault_at:.1f} s after the kill" if first is not None
+                         else "survivor: never")
+                        + f"; the killed one restarted in {back:.1f} s"]
+            finally:
+                killed.stop()
+                survivor.stop()
+    finally:
+        engine.kill()
+        engine.wait()
 
 
 def disk_full(engine_url: str, work: Path, clients: int, seconds: float) -> list[str]:
@@ -365,7 +425,38 @@ def swap_kill(engine_url: str, work: Path, clients: int, seconds: float) -> list
     return rows
 
 
-ROWS = "engine,replica,gateway,disk,learner,swap"
+ROWS = "engine,replica,gateway,gateways,disk,learner,swap"
+# The rows that use the managed engine started first (the others start what they need).
+ON_MANAGED = {"engine", "gateway", "disk", "learner", "swap"}
+# The table's order: each row's name up to " (".
+ROW_ORDER = ["engine kill", "replica kill", "gateway kill", "gateway kill, second alive", "disk full", "learner kill",
+             "kill during swap"]
+
+
+def managed_rows(wanted: set[str], work: Path, clients: int, seconds: float) -> list[list[str]]:
+    """The rows in front of one managed engine (`reef serve` on the tiny model)."""
+    rows = []
+    serve = ServeProcess(work / "managed", ["--model", str(TINY)], env={"REEF_SERVED_MODEL_NAME": MODEL}).start()
+    try:
+        if "engine" in wanted:
+            console.print("engine kill ...")
+            rows.append(engine_kill(serve, clients, seconds))
+        engine_url = httpx.get(f"{serve.url}/reef/status").json()["engine"]["url"]
+        if "gateway" in wanted:
+            console.print("gateway kill ...")
+            rows.append(gateway_kill(engine_url, work, clients, seconds))
+        if "disk" in wanted:
+            console.print("disk full ...")
+            rows.append(disk_full(engine_url, work, clients, seconds))
+        if "learner" in wanted:
+            console.print("learner kill ...")
+            rows.append(learner_kill(engine_url, work, clients, seconds))
+        if "swap" in wanted:  # last: it swaps the engine's full weights (and puts the base back)
+            console.print("kill during swap ...")
+            rows.extend(swap_kill(engine_url, work, clients, seconds))
+    finally:
+        serve.stop()
+    return rows
 
 
 def main() -> None:
@@ -379,29 +470,16 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="reef-faults-") as tmp:
         work = Path(tmp)
-        serve = ServeProcess(work / "managed", ["--model", str(TINY)], env={"REEF_SERVED_MODEL_NAME": MODEL}).start()
-        try:
-            if "engine" in wanted:
-                console.print("engine kill ...")
-                rows.append(engine_kill(serve, args.clients, args.seconds))
-            if "replica" in wanted:
-                console.print("replica kill ...")
-                rows.append(replica_kill(work, args.clients, args.seconds))
-            engine_url = httpx.get(f"{serve.url}/reef/status").json()["engine"]["url"]
-            if "gateway" in wanted:
-                console.print("gateway kill ...")
-                rows.append(gateway_kill(engine_url, work, args.clients, args.seconds))
-            if "disk" in wanted:
-                console.print("disk full ...")
-                rows.append(disk_full(engine_url, work, args.clients, args.seconds))
-            if "learner" in wanted:
-                console.print("learner kill ...")
-                rows.append(learner_kill(engine_url, work, args.clients, args.seconds))
-            if "swap" in wanted:  # last: it swaps the engine's full weights (and puts the base back)
-                console.print("kill during swap ...")
-                rows.extend(swap_kill(engine_url, work, args.clients, args.seconds))
-        finally:
-            serve.stop()
+        # The rows that start their own engines first, while no managed engine takes the CPU.
+        if "replica" in wanted:
+            console.print("replica kill ...")
+            rows.append(replica_kill(work, args.clients, args.seconds))
+        if "gateways" in wanted:
+            console.print("gateway kill, second alive ...")
+            rows.append(gateways_kill(work, args.clients, args.seconds))
+        if wanted & ON_MANAGED:
+            rows.extend(managed_rows(wanted, work, args.clients, args.seconds))
+    rows.sort(key=lambda r: ROW_ORDER.index(r[0].split(" (")[0]))
     table = Table(title=f"faults under load ({args.clients} clients, chat + report each)")
     for col in ("fault injected", "requests failed", "acknowledged lost", "time to recover"):
         table.add_column(col)

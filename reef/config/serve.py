@@ -130,7 +130,9 @@ class StoreConfig(_Strict):
 class StateConfig(_Strict):
     """Where what several gateways must share lives (issue 26): files under `data_dir` (the embedded
     default, one gateway), or PostgreSQL at `url`. Today the release chains with their
-    compare-and-swap heads move there (reef.registry.chain_pg); the rest stays under data_dir."""
+    compare-and-swap heads (reef.registry.chain_pg), reports' idempotency keys
+    (reef.experience.report_keys_pg) and the consumed ledger (reef.recipe.ledger_pg) move there;
+    the rest stays under data_dir."""
 
     url: str | None = Field(default=None, description="postgresql://user:password@host:port/db (needs the "
                             "`postgres` extra); unset: state in files under data_dir")

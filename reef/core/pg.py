@@ -30,6 +30,15 @@ CHECK_IDLE_S = 5.0
 # pg_advisory_xact_lock key for schema changes: "reef" in ASCII.
 _SCHEMA_LOCK = 0x72656566
 
+# The environment's form of serve.yaml `state.url` (the config's own env layer): `reef serve` sets it
+# for the processes it starts (rounds, the gate), so a reader given only a data dir finds the state.
+STATE_URL_ENV = "REEF_STATE__URL"
+
+
+def state_url(url: str | None = None) -> str | None:
+    """`url`, else REEF_STATE__URL; None: the state lives in files under the data dir."""
+    return url or os.environ.get(STATE_URL_ENV) or None
+
 
 class StateUnavailableError(RuntimeError):
     """PostgreSQL cannot be used: the extra is missing or the server refuses the connection."""
@@ -38,6 +47,11 @@ class StateUnavailableError(RuntimeError):
 def is_unique_violation(exc: BaseException) -> bool:
     """A constraint said a row with that key is there already (SQLSTATE 23505)."""
     return getattr(exc, "sqlstate", None) == "23505"
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """A lock was not granted within the transaction's `lock_timeout` (SQLSTATE 55P03)."""
+    return getattr(exc, "sqlstate", None) == "55P03"
 
 
 def _alive(conn: Any) -> bool:
@@ -91,9 +105,13 @@ class Database:
                 raise StateUnavailableError(f"cannot connect to the state database: {exc}") from exc
         try:
             yield conn
-        except psycopg.OperationalError as exc:  # the server went away mid-use
-            conn.close()
-            raise StateUnavailableError(f"the state database: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            if not is_lock_timeout(exc):  # the server went away mid-use
+                conn.close()
+                raise StateUnavailableError(f"the state database: {exc}") from exc
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.close()
+            raise  # the caller's own limit (SET lock_timeout): the server is fine
         except BaseException:
             # A connection left mid-transaction or broken by the server is not handed on.
             if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from reef.experience.report_keys import open_report_keys
 from reef.gateway.admission import ScenarioAdmission
 from reef.gateway.fastpath import ChatFastPath
 from reef.gateway.limits import SizeLimits
@@ -31,6 +32,8 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.reef = state
     if state.admission is None:
         state.admission = ScenarioAdmission.seeded(state.config, state.store.stats())
+    if state.report_keys is None:
+        state.report_keys = open_report_keys(state.store, state.config.state.url)
     limits = state.config.limits
     app.add_middleware(SizeLimits, max_body_bytes=limits.max_body_bytes, max_header_bytes=limits.max_header_bytes)
     install_error_handlers(app)

@@ -20,6 +20,7 @@ from reef.serving.routing import Routes
 if TYPE_CHECKING:
     from reef.engine.fleet import EngineFleet
     from reef.engine.supervisor import EngineSupervisor
+    from reef.experience.report_keys import ReportKeys
     from reef.experience.store import ExperienceStore
     from reef.gateway.admission import ScenarioAdmission
     from reef.learn.learner import Learner
@@ -40,7 +41,8 @@ class GatewayState:
     canaries: Canaries = field(default_factory=Canaries)
     sessions: SessionIndex = field(default_factory=SessionIndex)
     inflight: InFlight = field(default_factory=InFlight)
-    inflight_reports: InFlight = field(default_factory=InFlight)
+    # Reports' idempotency keys: this store's, or PostgreSQL's with state.url (set by create_app).
+    report_keys: ReportKeys | None = None
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     started_at: float = field(default_factory=time.time)
     # Requests refused because their prompt does not fit the model's context, by dialect: never

@@ -10,28 +10,30 @@ a chain backend; everything else holds a `Chain`.
 env layer), which `reef serve` sets for the processes it starts (rounds, the gate): a reader given
 only a data dir (reef.gate, reef.learn) reads the chain the server publishes to.
 
-Candidates, canaries' events, the learner's ledger and reports' idempotency keys stay in files
-under the data dir for now (issue 26 part 3 moves them next).
+What else moved to PostgreSQL with `state.url`, each chosen in its own module the same way:
+reports' idempotency keys (reef.experience.report_keys, table reef_report_keys) and the
+learner's consumed ledger (reef.recipe.ledger, table reef_consumed). Candidates, canaries' events
+and the round log stay in files under the data dir for now (issue 26 part 3 moves them next).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from reef.core.paths import DataDir
+from reef.core.pg import STATE_URL_ENV, state_url
 from reef.registry.artifacts import ArtifactStore
 from reef.registry.chain import CHAIN_FILE, HEAD_FILE, ReleaseChain
 from reef.registry.chain_api import Chain
 from reef.registry.chain_pg import PgChain, has_chain, heads, open_database
 
-STATE_URL_ENV = "REEF_STATE__URL"
+__all__ = ["STATE_URL_ENV", "ReleaseState", "open_chain"]
 
 
 class ReleaseState:
     def __init__(self, data_dir: Path | str, url: str | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.url = url or os.environ.get(STATE_URL_ENV) or None
+        self.url = state_url(url)
 
     @property
     def shared(self) -> bool:

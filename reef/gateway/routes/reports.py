@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from reef.config import ApiKey
 from reef.core.clock import utcnow
 from reef.core.hashing import sha256_json
+from reef.core.pg import StateUnavailableError
+from reef.experience.report_keys import KnownReport, ReportKeyBusyError
 from reef.experience.schema import Report
 from reef.gateway import auth
 from reef.gateway.state import get_state
@@ -133,6 +136,21 @@ class ReportReceipt(BaseModel):
     duplicate: bool
 
 
+async def _known(found: Awaitable[KnownReport | None]) -> KnownReport | None:
+    try:
+        return await found
+    except StateUnavailableError as exc:
+        raise ReefError(503, str(exc), code="state_unavailable") from exc
+
+
+def _retried(report_id: str, known: KnownReport, scenario: str, content_hash: str) -> ReportReceipt:
+    """The answer to a report id seen before: the first answer again, or 409 for other content."""
+    if (known.scenario, known.content_hash) != (scenario, content_hash):
+        raise ReefError(409, f"report {report_id} exists with other content", param="report_id",
+                        code="report_id_conflict")
+    return ReportReceipt(report_id=report_id, agent_record_ids=known.record_ids, duplicate=True)
+
+
 def _key(request: Request) -> ApiKey | None:
     # A dependency, so a missing key is refused (401) before the body is judged (422).
     return auth.data_key(get_state(request).config, request, h.scenario_of(request))
@@ -145,6 +163,22 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     st = get_state(request)
     scenario = h.scenario_of(request)
     named = body.record_ids()
+    # What the client asked, not what a session held at the time: a retry of a session report is
+    # the same report even after the session grew.
+    content = [scenario, named, body.score, body.feedback, body.metadata]
+    if body.session_id:
+        content.append(body.session_id)
+    if body.correction is not None:  # appended only when given: older reports keep their hashes
+        content.append({"correction": body.correction if isinstance(body.correction, str)
+                        else body.correction.model_dump(exclude_none=True)})
+    content_hash = sha256_json(content)
+    report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
+    keys = st.report_keys
+    assert keys is not None  # set by create_app
+    # A retry is judged before its records are looked up: sent to another gateway (state.url), it
+    # is answered as the first one was, though that gateway's store does not hold the records.
+    if body.report_id and (known := await _known(keys.find(report_id))) is not None:
+        return _retried(report_id, known, scenario, content_hash)
     record_ids = list(named)
     if body.session_id:
         h.valid_id(body.session_id, "session_id")
@@ -156,43 +190,23 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     for record_id in named:
         if st.inflight.get(record_id) is not None:
             await st.inflight.wait(record_id, st.config.report_wait_s)
-        known = st.store.record_index(record_id)
+        where = st.store.record_index(record_id)
         # A record of another scenario is reported as unknown: scenarios do not see each other.
-        if known is None or known[0] != scenario:
+        if where is None or where[0] != scenario:
             raise ReefError(404, f"no record {record_id} in scenario {scenario!r}", param="agent_record_id",
                             code="record_not_found")
-    # What the client asked, not what a session held at the time: a retry of a session report is
-    # the same report even after the session grew.
-    content = [scenario, named, body.score, body.feedback, body.metadata]
-    if body.session_id:
-        content.append(body.session_id)
-    if body.correction is not None:  # appended only when given: older reports keep their hashes
-        content.append({"correction": body.correction if isinstance(body.correction, str)
-                        else body.correction.model_dump(exclude_none=True)})
-    content_hash = sha256_json(content)
-    report_id = h.valid_id(body.report_id, "report_id") if body.report_id else h.new_id("rep")
-    if st.inflight_reports.get(report_id) is not None:  # a concurrent retry of the same report
-        await st.inflight_reports.wait(report_id, st.config.report_wait_s)
-    known_report = st.store.report_index(report_id)
-    if known_report is not None:
-        if tuple(known_report) != (scenario, content_hash):
-            raise ReefError(409, f"report {report_id} exists with other content", param="report_id",
-                            code="report_id_conflict")
-        stored = st.store.get_report(report_id)
-        return ReportReceipt(report_id=report_id, agent_record_ids=stored.record_ids if stored else record_ids,
-                             duplicate=True)
-    st.inflight_reports.begin(report_id, scenario, content_hash)
-    durable = False
     try:
-        await st.store.append_report(Report(
-            report_id=report_id, scenario=scenario, record_ids=record_ids, session_id=body.session_id,
-            score=body.score, feedback=body.feedback, correction=body.stored_correction(),
-            metadata_json=orjson.dumps(body.metadata).decode(),
-            created_at=utcnow(), content_hash=content_hash,
-        ))
-        durable = True
-    finally:
-        st.inflight_reports.finish(report_id, durable)
+        async with keys.claim(report_id, scenario, content_hash, record_ids, st.config.report_wait_s) as taken:
+            if taken is not None:  # a concurrent retry stored it first
+                return _retried(report_id, taken, scenario, content_hash)
+            await st.store.append_report(Report(
+                report_id=report_id, scenario=scenario, record_ids=record_ids, session_id=body.session_id,
+                score=body.score, feedback=body.feedback, correction=body.stored_correction(),
+                metadata_json=orjson.dumps(body.metadata).decode(),
+                created_at=utcnow(), content_hash=content_hash,
+            ))
+    except (ReportKeyBusyError, StateUnavailableError) as exc:
+        raise ReefError(503, str(exc), code="state_unavailable") from exc
     st.metrics.reports.labels(scenario).inc()
     ready = st.canaries.observe(record_ids, body.score)
     if ready and st.publisher is not None:
