@@ -231,6 +231,10 @@ def test_report_non_finite_and_invalid_json(gateway: Gateway) -> None:
         assert resp.json()["error"]["param"] == "score"
     resp = httpx.post(f"{gateway.url}/reef/report", content=b"{nope", headers={"content-type": "application/json"})
     assert resp.status_code == 422 and "error" in resp.json()
+    # A lone surrogate is valid JSON but no UTF-8: refused, never a 500 (schemathesis found it).
+    raw = b'{"agent_record_id": "x", "score": 1, "report_id": "rep_s", "metadata": {"k": "\\ud800"}}'
+    resp = httpx.post(f"{gateway.url}/reef/report", content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 422 and "UTF-8" in resp.json()["error"]["message"], resp.text
 
 
 def test_report_for_another_scenario_is_404(gateway: Gateway) -> None:

@@ -114,6 +114,16 @@ class ReportIn(BaseModel):
             raise ValueError(f"correction as a message: {where + ': ' if where else ''}{first['msg']}") from None
 
     @model_validator(mode="after")
+    def _encodable(self) -> ReportIn:
+        # A lone surrogate ("\ud800") is valid JSON text but no UTF-8: it could be neither hashed
+        # (the report's idempotency key) nor stored.
+        try:
+            orjson.dumps(self.model_dump())
+        except TypeError as exc:
+            raise ValueError(f"text in the report is not valid UTF-8 ({exc})") from None
+        return self
+
+    @model_validator(mode="after")
     def _names_records(self) -> ReportIn:
         if not self.record_ids() and not self.session_id:
             raise ValueError("name a record or a session: agent_record_id, references or session_id")
