@@ -30,6 +30,7 @@ BENCHES: dict[str, list[str]] = {
     "dashboard": ["bench/dashboard.py"],
     "cpu_lora_fix": ["bench/cpu_lora_fix.py"],
     "engine_speed": ["bench/engine_speed.py"],
+    "engine_threads": ["bench/engine_threads.py"],
     "learning": ["bench/learning.py", "--examples", "sentiment,reviews,shop,orders"],
     "learning_tiny": ["bench/learning_tiny.py", "--scenarios", "demo-add"],
     "learning_online_rl": ["bench/learning_tiny.py", "--scenarios", "demo-add", "--recipe", "online_rl",
