@@ -126,6 +126,12 @@ TEST_WORKERS ?= 2
 TINY := data/models/tiny
 # --durations: the slowest tests in every CI log, where make test's 25-minute budget is spent
 PYTEST := $(BIN)/pytest -q -ra --durations=20
+# The state tests' second pass (issue 26): the same files with `state.url` on a real PostgreSQL
+# (tests/helpers/state_pass.py), so what gateways share is tested in both backends. Model-free files
+# only: the pass runs in the first phase, beside the tiny model's build.
+STATE_TESTS := tests/test_gateway.py tests/test_crash.py tests/test_cli.py tests/test_state_machines.py \
+  tests/test_served_harness.py
+STATE_PASS := $(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m model_free $(STATE_TESTS)
 
 test:
 	@mkdir -p test-artifacts
@@ -135,15 +141,18 @@ test:
 	if $(BIN)/python -c "import sys; from tests.helpers.tiny.model import is_current; sys.exit(not is_current('$(TINY)'))"; \
 	then \
 	  debs_ready; \
-	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests --nbmake; \
+	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests --nbmake; all=$$?; \
+	  REEF_TEST_STATE=postgres $(STATE_PASS); state=$$?; \
+	  exit $$(( all || state )); \
 	else \
 	  echo "building the tests' tiny model in the background (log: test-artifacts/tiny-build.log)"; \
 	  $(BIN)/python -m tests.helpers.tiny.model --out $(TINY) > test-artifacts/tiny-build.log 2>&1 & build=$$!; \
 	  REEF_TEST_MODEL_FREE=1 REEF_TEST_POSTGRES_WAIT_S=900 nice -n 10 $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m model_free tests; free=$$?; \
+	  REEF_TEST_STATE=postgres REEF_TEST_MODEL_FREE=1 REEF_TEST_POSTGRES_WAIT_S=900 nice -n 10 $(STATE_PASS); state=$$?; \
 	  wait $$build || { tail -20 test-artifacts/tiny-build.log; exit 1; }; tail -3 test-artifacts/tiny-build.log; \
 	  debs_ready; \
 	  $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not model_free" tests --nbmake; rest=$$?; \
-	  exit $$(( free || rest )); \
+	  exit $$(( free || state || rest )); \
 	fi
 
 # JupyterLab on loopback with the project's kernel (the venv's python3); notebooks/ holds the walkthroughs.

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from reef.experience.schema import RECORD_FEATURES
-from tests.helpers import MODEL_NAME
+from tests.helpers import MODEL_NAME, state_pass
 from tests.helpers.gateway import Gateway, get_record, wait_flushed
 
 pytestmark = [pytest.mark.model_free, pytest.mark.any_model, pytest.mark.start_early(13)]
@@ -298,10 +298,13 @@ def test_sdk_raises_typed_errors(gateway: Gateway) -> None:
 
 def test_models_status_metrics(gateway: Gateway) -> None:
     assert [m.id for m in gateway.client().models.list().data] == [MODEL_NAME]
+    gateway.client().chat.completions.create(model=MODEL_NAME, messages=HELLO, max_tokens=2)  # a record of its own
     status = httpx.get(f"{gateway.url}/reef/status").json()
     assert status["engine"]["healthy"] is True
     assert status["scenarios"]["default"]["records"] > 0
     assert status["scenarios"]["default"]["serving_release"] == "default@r0"
+    # The state tests' second pass (tests/helpers/state_pass.py) must reach the gateway's process.
+    assert status["state"] == {"backend": "postgresql" if state_pass.enabled() else "files"}
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert "reef_records_total" in metrics and "reef_request_latency_seconds_bucket" in metrics
 

@@ -13,7 +13,7 @@ from reef.learn.round import served_harness
 from reef.recipe import load_recipe
 from reef.recipe.practice import practice_tasks
 from reef.registry.artifacts import ArtifactStore
-from reef.registry.chain import ReleaseChain
+from reef.registry.state import open_chain
 from reef.scenario import Scenario
 
 pytestmark = pytest.mark.model_free
@@ -40,7 +40,7 @@ def test_the_head_harness_reaches_a_recipes_practice_tasks(tmp_path: Path) -> No
     assert served_harness(data, recipe) is None  # no release yet
 
     store = ArtifactStore.for_data_dir(data)
-    chain = ReleaseChain.for_data_dir(data, S)
+    chain = open_chain(data, S)  # the backend the suite runs on (files, or the state pass's PostgreSQL)
     r0 = chain.ensure_base("b" * 64)
     assert served_harness(data, recipe) is None  # r0 has no harness
     tree = tmp_path / "harness"

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from reef.core.pg import state_url
 from reef.gateway.state import get_state
 from reef.gateway.wire.contract import errors
 
@@ -59,6 +60,9 @@ async def status(request: Request) -> dict[str, Any]:
         "engine": engine,
         "learner": st.learner.describe() if st.learner else {"enabled": False},
         "scenarios": scenarios,
+        # Where what gateways share lives (chains, reports' keys, the ledger): `state.url`'s
+        # PostgreSQL, or files under data_dir. The URL itself may hold a password: not shown.
+        "state": {"backend": "postgresql" if state_url(st.config.state.url) else "files"},
         "context_refused": dict(sorted(st.context_refused.items())),
     }
 
