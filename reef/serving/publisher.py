@@ -234,7 +234,10 @@ class Publisher:
             for cid in (release.content_id, release.harness_id):
                 view = views.get(cid) if release.operation in ("train", "promote") and cid else None
                 if view is not None and view.status == "selected":
-                    registry.mark_released(view.candidate_id, release.release_id, release.approved_by)
+                    try:
+                        registry.mark_released(view.candidate_id, release.release_id, release.approved_by)
+                    except CandidateStateError:
+                        pass  # another gateway on the state database caught it up first (or a person rejected it)
                     views.pop(view.candidate_id)
 
     async def engine_restarted(self) -> None:
