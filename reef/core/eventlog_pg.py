@@ -101,7 +101,7 @@ class PgEventLog(EventLog[E]):
             event = build(events)
             if event is not None:
                 conn.execute("INSERT INTO reef_events (machine, scenario, seq, body) VALUES (%s, %s, %s, %s::jsonb)",
-                             (self.machine, self.scenario, len(events), self._encode(event).decode()))
+                             (self.machine, self.scenario, len(events), event.encode()))
         return event
 
 

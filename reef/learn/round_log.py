@@ -88,6 +88,10 @@ class RoundEvent(LogEvent):
     decision: str | None = None
     release_id: str | None = None
 
+    def encode(self) -> str:
+        # Most steps set a few of the fields: the others are not written (read back as None).
+        return self.model_dump_json(exclude_none=True)
+
 
 class Round(BaseModel):
     """A round as of its latest event (the fold of its events)."""
