@@ -1,7 +1,7 @@
 """Candidates and learner rounds shared by several gateways and learners (issue 26 part 3): writers
 in two processes (threads in each, every one its own connection) racing illegal transitions on one
 candidate -> exactly one wins, on both backends; a scenario's round lock held across processes in
-PostgreSQL and dropped when its holder is killed."""
+PostgreSQL, dropped when its holder is killed, and a round that lost it writes nothing more."""
 
 from __future__ import annotations
 
@@ -152,3 +152,23 @@ def test_a_round_lock_in_postgres_spans_processes_and_dies_with_its_holder(tmp_p
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def test_a_round_that_lost_its_lock_writes_nothing_more(tmp_path: Path, pg_url: str) -> None:
+    """The database ended the lock's session mid-round (a restart, a proxy): another learner may take
+    the round over, so this one's next transition is refused before it is written."""
+    import psycopg
+
+    log = RoundLog.for_data_dir(tmp_path, S)
+    with log.lock():
+        rnd = log.begin("rft")
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            (ended,) = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
+                                     "WHERE locktype = 'advisory' AND granted AND database = "
+                                     "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()  # type: ignore[misc]
+        assert ended == 1
+        with pytest.raises(RoundBusyError, match="lost its lock"):
+            log.append(rnd, "snapshotted")
+        with RoundLog.for_data_dir(tmp_path, S).lock():  # free for the next learner
+            pass
+    assert [r.state for r in log.rounds()] == ["planned"]

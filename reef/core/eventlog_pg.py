@@ -105,10 +105,27 @@ class PgEventLog(EventLog[E]):
         return event
 
 
+class SessionLock:
+    """An advisory lock held by a session of its own (`session_lock`)."""
+
+    def __init__(self, conn: Any, held: bool) -> None:
+        self._conn = conn
+        self.held = held
+
+    def still_held(self) -> bool:
+        """Whether the session holding it is alive (one round trip): a session the server ended (a
+        restart, a dropped connection) took the lock with it, and another process may hold it now."""
+        try:
+            self._conn.execute("SELECT 1")
+            return self.held
+        except Exception:  # noqa: BLE001 - any failure: the session, and the lock, are gone
+            return False
+
+
 @contextmanager
-def session_lock(url: str, key: str) -> Iterator[bool]:
+def session_lock(url: str, key: str) -> Iterator[SessionLock]:
     """Try to take the advisory lock `key` for as long as the block runs, on a connection of its own
-    (never pooled: the lock belongs to the session); yields whether it was granted."""
+    (never pooled: the lock belongs to the session); `.held` says whether it was granted."""
     import psycopg
 
     try:
@@ -119,6 +136,6 @@ def session_lock(url: str, key: str) -> Iterator[bool]:
         for name, value in _KEEPALIVE.items():
             conn.execute("SELECT set_config(%s, %s, false)", (name, str(value)))
         row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
-        yield bool(row and row[0])
+        yield SessionLock(conn, bool(row and row[0]))
     finally:
         conn.close()  # ends the session, and with it the lock

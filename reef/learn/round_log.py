@@ -30,7 +30,7 @@ from __future__ import annotations
 import fcntl
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -143,6 +143,8 @@ class RoundLog:
         self.url = state_url(url)
         self.log: EventLog[RoundEvent] = open_event_log(MACHINE, scenario, self.path, RoundEvent, url=self.url,
                                                         fsync=fsync)
+        # While lock() holds the round lock in PostgreSQL: whether its session still holds it.
+        self._still_locked: Callable[[], bool] | None = None
 
     @classmethod
     def for_data_dir(cls, data_dir: Path | str, scenario: str, *, url: str | None = None) -> RoundLog:
@@ -184,6 +186,9 @@ class RoundLog:
         refuses it from `rnd`'s state, or from the state the log holds for the round (another process
         moved it meanwhile)."""
         TRANSITIONS.check(rnd.state, state, rnd.round_id)
+        if self._still_locked is not None and not self._still_locked():
+            raise RoundBusyError(f"round {rnd.round_id} of {self.scenario} lost its lock (the state database ended "
+                                 "its session): another process may run it now")
         event = RoundEvent(round_id=rnd.round_id, state=state, resumed=resumed, **details)
 
         def build(events: list[RoundEvent]) -> RoundEvent:
@@ -203,11 +208,15 @@ class RoundLog:
         if self.url is not None:
             from reef.core.eventlog_pg import session_lock
 
-            with session_lock(self.url, f"reef_round:{self.scenario}") as held:
-                if not held:
+            with session_lock(self.url, f"reef_round:{self.scenario}") as lock:
+                if not lock.held:
                     raise RoundBusyError(f"another process is running a learning round of {self.scenario} "
                                          "(it holds the scenario's round lock in the state database)")
-                yield
+                self._still_locked = lock.still_held
+                try:
+                    yield
+                finally:
+                    self._still_locked = None
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
