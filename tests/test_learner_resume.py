@@ -1,8 +1,9 @@
 """A learner round killed with kill -9 resumes on the next start: nothing is trained twice and
 nothing is lost. Real round processes (`python -m reef.learn.round`, what the server's learner runs):
 one killed while it trains, one killed right after training (a crash point: the candidate is written
-and its records consumed, not yet registered), then one that finishes what the second left. On both backends of the round log, the candidates and
-the ledger: files under the data dir, and PostgreSQL (REEF_STATE__URL, as `reef serve` passes it)."""
+and its records consumed, not yet registered), then one that finishes what the second left. On both
+backends of the round log, the candidates and the ledger: files under the data dir, and PostgreSQL
+(REEF_STATE__URL, as `reef serve` passes it)."""
 
 from __future__ import annotations
 
