@@ -109,9 +109,9 @@ def test_a_sample_is_retried_within_the_budget_then_void() -> None:
 def test_a_void_gate_neither_selects_nor_rejects_and_may_run_again(tmp_path: Path) -> None:
     cid = "d" * 64
     registry = CandidateRegistry(tmp_path, demo.SCENARIO, fsync=False)
-    with registry._locked():  # a candidate without an artifact: the state machine is what is tested
-        registry._append(CandidateEvent(candidate_id=cid, event="registered",
-                                        data={"kind": "harness", "created_at": "2026-01-01T00:00:00+00:00"}))
+    # A candidate without an artifact: the state machine is what is tested.
+    registry._append(CandidateEvent(candidate_id=cid, event="registered",
+                                    data={"kind": "harness", "created_at": "2026-01-01T00:00:00+00:00"}))
 
     def gate(decision: Literal["select", "reject", "void"]) -> GateResult:
         return GateResult(decision=decision, reason="test", head_release_id=f"{demo.SCENARIO}@r0")

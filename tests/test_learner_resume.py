@@ -1,7 +1,9 @@
 """A learner round killed with kill -9 resumes on the next start: nothing is trained twice and
 nothing is lost. Real round processes (`python -m reef.learn.round`, what the server's learner runs):
 one killed while it trains, one killed right after training (a crash point: the candidate is written
-and its records consumed, not yet registered), then one that finishes what the second left."""
+and its records consumed, not yet registered), then one that finishes what the second left. On both
+backends of the round log, the candidates and the ledger: files under the data dir, and PostgreSQL
+(REEF_STATE__URL, as `reef serve` passes it)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,20 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+import pytest
+
 from reef.config import GateSettings
+from reef.core.pg import STATE_URL_ENV
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest
 from reef.learn.round_log import RoundLog
 from reef.recipe import Snapshot, ledger
 from reef.registry.candidates import CandidateRegistry
 from reef.traffic.offline import record_offline_traffic
+from tests.helpers.postgres import PostgresServer, postgres  # noqa: F401 - the session's server
 
 S = "demo-add"
 
@@ -37,7 +44,17 @@ def _wait(what: str, until, timeout_s: float = 240.0) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
-def test_a_round_killed_mid_round_resumes_with_nothing_trained_twice_or_lost(tiny: Path, tmp_path: Path) -> None:
+@pytest.fixture(params=["files", "postgres"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.delenv(STATE_URL_ENV, raising=False)
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"resume_{uuid.uuid4().hex[:12]}"))
+    return str(request.param)
+
+
+def test_a_round_killed_mid_round_resumes_with_nothing_trained_twice_or_lost(tiny: Path, tmp_path: Path,
+                                                                            backend: str) -> None:
     data = tmp_path / "data"
     record_offline_traffic(tiny, data, S, prompts=32, samples=4, seed=3)
     plan = RoundPlan(scenario=S, recipe="rft", base_model=str(tiny), experience_dir=data, data_dir=data,
@@ -83,6 +100,10 @@ def test_a_round_killed_mid_round_resumes_with_nothing_trained_twice_or_lost(tin
     consumed = ledger.consumed(data / "ledger", S)
     assert consumed["record_id"].n_unique() == consumed.height
     (view,) = CandidateRegistry(data, S).list()
+    # Nothing of the shared state in files when it lives in PostgreSQL (and all of it when not).
+    in_files = [(data / "learner" / S / "round-events.jsonl").is_file(),
+                (data / "releases" / S / "candidates.jsonl").is_file(), (data / "ledger" / S).is_dir()]
+    assert in_files == [backend == "files"] * 3
     assert view.candidate_id == final[1].candidate_id
     assert set(consumed["candidate_id"]) == {final[1].candidate}
     assert set(consumed["record_id"]) == in_flight and pending(plan)["records"] == 0

@@ -1,13 +1,19 @@
-"""The persisted state machines: candidate (register), canary (rule and log), their transition tables."""
+"""The persisted state machines: candidate (register), canary (rule and log), learner round, their
+transition tables. The logs' tests run on both backends: files under the data dir, and a real
+PostgreSQL (`state.url`, here REEF_STATE__URL) with a fresh database per test."""
 
 from __future__ import annotations
 
 import random
+import uuid
 from pathlib import Path
 
 import pytest
 
-from reef.core.statemachine import IllegalTransitionError, Transitions
+from reef.core.eventlog import EventLog, FileEventLog
+from reef.core.eventlog_pg import PgEventLog
+from reef.core.pg import STATE_URL_ENV
+from reef.core.statemachine import IllegalTransitionError, LogEvent, Transitions
 from reef.registry.candidates import (
     TRANSITIONS,
     CandidateEvent,
@@ -16,6 +22,7 @@ from reef.registry.candidates import (
     GateResult,
 )
 from reef.serving.canary import Canary, CanaryLog
+from tests.helpers.postgres import PostgresServer, postgres  # noqa: F401 - the session's server
 
 pytestmark = pytest.mark.model_free
 
@@ -23,11 +30,34 @@ SCENARIO = "support"
 CID = "c" * 64
 
 
+@pytest.fixture(params=["files", "postgres"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where the logs live: REEF_STATE__URL unset (files under the data dir), or a fresh database."""
+    monkeypatch.delenv(STATE_URL_ENV, raising=False)
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"events_{uuid.uuid4().hex[:12]}"))
+    return str(request.param)
+
+
+def _force(log: EventLog, event: LogEvent) -> None:
+    """Append `event` with no check: what older code (or a hand edit) could have left in a log."""
+    if isinstance(log, FileEventLog):
+        with log.path.open("ab") as f:
+            f.write(event.model_dump_json().encode() + b"\n")
+        return
+    assert isinstance(log, PgEventLog)
+    with log.db.connection() as conn:
+        conn.execute("INSERT INTO reef_events (machine, scenario, seq, body) SELECT %s, %s, count(*), %s::jsonb "
+                     "FROM reef_events WHERE machine = %s AND scenario = %s",
+                     (log.machine, log.scenario, event.model_dump_json(), log.machine, log.scenario))
+
+
 def _registry(tmp_path: Path) -> CandidateRegistry:
     registry = CandidateRegistry(tmp_path, SCENARIO, fsync=False)
-    with registry._locked():  # a candidate without an artifact: the state machine is what is tested
-        registry._append(CandidateEvent(candidate_id=CID, event="registered",
-                                        data={"kind": "lora", "created_at": "2026-01-01T00:00:00+00:00"}))
+    # A candidate without an artifact: the state machine is what is tested.
+    registry._append(CandidateEvent(candidate_id=CID, event="registered",
+                                    data={"kind": "lora", "created_at": "2026-01-01T00:00:00+00:00"}))
     return registry
 
 
@@ -35,11 +65,21 @@ def _gate(decision: str) -> GateResult:
     return GateResult(decision=decision, reason="test", head_release_id=f"{SCENARIO}@r0")  # type: ignore[arg-type]
 
 
-def test_a_released_candidate_stays_released(tmp_path: Path) -> None:
+def test_the_backend_is_chosen_by_the_url(tmp_path: Path, backend: str) -> None:
+    from reef.learn.round_log import RoundLog
+
+    kind = PgEventLog if backend == "postgres" else FileEventLog
+    assert isinstance(CandidateRegistry(tmp_path, SCENARIO).log, kind)
+    assert isinstance(CanaryLog(tmp_path, SCENARIO).log, kind)
+    assert isinstance(RoundLog.for_data_dir(tmp_path, SCENARIO).log, kind)
+    assert not (tmp_path / "releases").exists()  # nothing written by opening them
+
+
+def test_a_released_candidate_stays_released(tmp_path: Path, backend: str) -> None:
     registry = _registry(tmp_path)
     assert registry.record_gate(CID, _gate("select")).status == "selected"
     registry.mark_released(CID, f"{SCENARIO}@r1")
-    lines = registry.path.read_bytes()
+    before = registry.events()
     with pytest.raises(CandidateStateError, match="from released to selected"):
         registry.record_gate(CID, _gate("select"))
     with pytest.raises(CandidateStateError, match="from released to gate_rejected"):
@@ -48,12 +88,14 @@ def test_a_released_candidate_stays_released(tmp_path: Path) -> None:
         registry.reject(CID, "too late")
     with pytest.raises(CandidateStateError):
         registry.mark_released(CID, f"{SCENARIO}@r2")
-    assert registry.path.read_bytes() == lines  # nothing refused was appended
+    assert registry.events() == before  # nothing refused was appended
+    assert (registry.path.is_file()) == (backend == "files")
+    assert CandidateRegistry.scenarios(tmp_path) == [SCENARIO]
     view = registry.get(CID)
     assert (view.status, view.release_id) == ("released", f"{SCENARIO}@r1")
 
 
-def test_regate_after_a_gate_rejection_but_not_after_a_person(tmp_path: Path) -> None:
+def test_regate_after_a_gate_rejection_but_not_after_a_person(tmp_path: Path, backend: str) -> None:
     registry = _registry(tmp_path)
     with pytest.raises(CandidateStateError, match="from registered to released"):
         registry.mark_released(CID, f"{SCENARIO}@r1")  # never released without the gate's selection
@@ -65,14 +107,13 @@ def test_regate_after_a_gate_rejection_but_not_after_a_person(tmp_path: Path) ->
     assert registry.get(CID).reject_reason == "too risky"
 
 
-def test_an_old_log_with_an_illegal_event_folds_through_the_table(tmp_path: Path) -> None:
+def test_an_old_log_with_an_illegal_event_folds_through_the_table(tmp_path: Path, backend: str) -> None:
     """A log written before transitions were checked: `evaluated` after `released` no longer flips it back."""
     registry = _registry(tmp_path)
     registry.record_gate(CID, _gate("select"))
     registry.mark_released(CID, f"{SCENARIO}@r1")
     late = CandidateEvent(candidate_id=CID, event="evaluated", data=_gate("reject").model_dump(mode="json"))
-    with registry.path.open("ab") as f:  # what the old code appended without a check
-        f.write(late.model_dump_json().encode() + b"\n")
+    _force(registry.log, late)  # what the old code appended without a check
     assert registry.get(CID).status == "released"
 
 
@@ -130,7 +171,7 @@ def test_the_rule_waits_for_both_arms_and_names_its_interval() -> None:
     assert "live reward" in (canary.reason or "") and "CI" in (canary.reason or "")
 
 
-def test_canary_log_checks_and_persists_transitions(tmp_path: Path) -> None:
+def test_canary_log_checks_and_persists_transitions(tmp_path: Path, backend: str) -> None:
     log = CanaryLog(tmp_path, SCENARIO)
     canary = _canary()
     log.append(canary, "running")
@@ -147,14 +188,20 @@ def test_canary_log_checks_and_persists_transitions(tmp_path: Path) -> None:
     assert [(c.canary_id, c.state) for c in found] == [(canary.canary_id, "aborted"), (second.canary_id, "running")]
     assert found[0].reason == "stopped by a person" and found[1].min_reports == 30
     assert CanaryLog(tmp_path, SCENARIO).last().canary_id == second.canary_id  # type: ignore[union-attr]
+    # A stale copy of a canary (another gateway moved it on) is judged by the log, not by itself.
+    stale = found[1].model_copy()
+    log.append(found[1], "aborted", "stopped on another gateway")
+    with pytest.raises(IllegalTransitionError, match="from aborted to promoting"):
+        log.append(stale, "promoting")
+    assert CanaryLog.scenarios(tmp_path) == [SCENARIO]
 
 
 # --- learner round ------------------------------------------------------------------------------
 
 
-def test_round_log_checks_and_persists_transitions(tmp_path: Path) -> None:
+def test_round_log_checks_and_persists_transitions(tmp_path: Path, backend: str) -> None:
     from reef.learn.round_log import TRANSITIONS as ROUNDS
-    from reef.learn.round_log import RoundLog
+    from reef.learn.round_log import RoundEvent, RoundLog
 
     # Once its records are consumed (trained) a round is finished, never abandoned.
     assert ROUNDS.allowed("snapshotted", "abandoned") and not ROUNDS.allowed("trained", "abandoned")
@@ -168,7 +215,26 @@ def test_round_log_checks_and_persists_transitions(tmp_path: Path) -> None:
     log.append(rnd, "trained", candidate="c1", candidate_path="/x")
     log.append(rnd, "done", reason="not gated")
     # A line the table forbids (hand-edited, or from older code) is skipped by the fold.
-    (tmp_path / "round-events.jsonl").open("a").write(f'{{"round_id": "{rnd.round_id}", "state": "planned"}}\n')
+    _force(log.log, RoundEvent(round_id=rnd.round_id, state="planned"))
     again = RoundLog(tmp_path, SCENARIO).current()
     assert again is not None and (again.state, again.records, again.candidate) == ("done", 3, "c1")
     assert log.open_round() is None
+    # A process whose copy of the round is stale (another one moved it on) is refused by the log.
+    other = RoundLog(tmp_path, SCENARIO).begin("rft")
+    stale = other.model_copy()
+    log.append(other, "abandoned", reason="killed")
+    with pytest.raises(IllegalTransitionError, match="from abandoned to snapshotted"):
+        log.append(stale, "snapshotted")
+
+
+def test_one_process_runs_a_scenario_round_at_a_time(tmp_path: Path, backend: str) -> None:
+    from reef.learn.round_log import RoundBusyError, RoundLog
+
+    first, second = RoundLog.for_data_dir(tmp_path, SCENARIO), RoundLog.for_data_dir(tmp_path, SCENARIO)
+    with first.lock():
+        with pytest.raises(RoundBusyError, match="another process is running"), second.lock():
+            pass
+        with RoundLog.for_data_dir(tmp_path, "other").lock():  # another scenario's round is its own
+            pass
+    with second.lock():  # released with the block
+        pass

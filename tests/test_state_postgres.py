@@ -3,7 +3,8 @@ a gateway's, with no engine: the releases here change routing and harness, never
 state database and one shared data dir. Exactly one of 50 concurrent publishers spread over both
 wins; a release made through one is served by the other within the poll interval; a gateway whose
 database is away keeps serving what it serves. Then the same through two `reef serve` processes
-over HTTP (201 once, 409 49 times), and the CLI reading the chains from PostgreSQL."""
+over HTTP (201 once, 409 49 times; a candidate seen by both and rejected once of 20 tries over both),
+and the CLI reading the chains from PostgreSQL."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from reef.core.pg import StateUnavailableError
 from reef.engine.hold import EngineHold
 from reef.gateway.routes.releases import _as_http
 from reef.registry import ArtifactStore, HeadMovedError
+from reef.registry.candidates import CandidateEvent, CandidateRegistry, GateResult
 from reef.registry.chain_pg import PgChain
 from reef.registry.state import ReleaseState
 from reef.serve_process import ServeProcess
@@ -245,6 +247,28 @@ def test_two_reef_serve_gateways_one_postgres(tmp_path: Path, url: str) -> None:
             started = time.monotonic()
             wait_for(lambda: {serving(gw) for gw in gateways} == {f"{SCENARIO}@r2"})
             assert time.monotonic() - started < 5.0
+
+            # A candidate (gate-selected) in the state database: both gateways show it, and of 20
+            # people rejecting it at once through both, one is answered 200, the others 409.
+            cid = "c" * 64
+            registry = CandidateRegistry(gateways[0].data_dir, SCENARIO, url=url)
+            registry._append(CandidateEvent(candidate_id=cid, event="registered",
+                                            data={"kind": "lora", "created_at": "2026-01-01T00:00:00+00:00"}))
+            registry.record_gate(cid, GateResult(decision="select", reason="test", head_release_id=f"{SCENARIO}@r2"))
+            for gw in gateways:
+                listed = http_client.get(f"{gw.url}/reef/candidates").json()["candidates"]
+                assert [(c["candidate_id"], c["status"]) for c in listed] == [(cid, "selected")]
+
+            def reject(i: int) -> int:
+                return http_client.post(f"{gateways[i % 2].url}/reef/candidates/{cid[:12]}/reject", headers=admin,
+                                        json={"reason": "no", "by": f"person-{i}"}).status_code
+
+            with ThreadPoolExecutor(20) as pool:
+                codes = list(pool.map(reject, range(20)))
+            assert sorted(codes) == [200] + [409] * 19
+            for gw in gateways:
+                assert http_client.get(f"{gw.url}/reef/candidates/{cid}").json()["status"] == "rejected"
+            assert [e.event for e in registry.events()] == ["registered", "evaluated", "rejected"]
     finally:
         for gw in gateways:
             gw.kill()

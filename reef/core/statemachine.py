@@ -19,6 +19,10 @@ class LogEvent(BaseModel):
 
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
+    def encode(self) -> str:
+        """The event as its log stores it (a jsonl line, a jsonb row)."""
+        return self.model_dump_json()
+
 
 class IllegalTransitionError(RuntimeError):
     """An event that the state machine does not allow from the current state."""

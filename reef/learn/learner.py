@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from reef.config import ServeConfig
 from reef.core.paths import DataDir
+from reef.core.pg import STATE_URL_ENV
 from reef.engine.supervisor import die_with_parent
 from reef.learn.plan import RoundRequest, RoundResult
 from reef.learn.round_log import Round
@@ -327,7 +328,7 @@ class Learner:
         cmd = [sys.executable, "-m", "reef.learn.round", "--request", str(request_file), "--out", str(out)]
         with log_path.open("ab") as log_file:
             self._process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                             env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                             env={**os.environ, "OMP_NUM_THREADS": "1", **self._state_env()},
                                              preexec_fn=round_preexec(self.config.learner.round_nice))
             code = self._wait(interrupt)
         if code is None:
@@ -336,6 +337,12 @@ class Learner:
             state.last_error = f"{name} process exited with code {code}; see {log_path}"
             return None
         return RoundResult.model_validate_json(out.read_text())
+
+    def _state_env(self) -> dict[str, str]:
+        """The state database for the round process (its round log, candidates, ledger, chain), as
+        `reef serve` also sets it for itself: named here too, so a learner started another way agrees."""
+        url = self.config.state.url
+        return {STATE_URL_ENV: url} if url else {}
 
     def _wait(self, interrupt: Callable[[], bool] | None) -> int | None:
         """The round process's exit code; None when `interrupt` stopped it first."""
@@ -384,7 +391,7 @@ class Learner:
             return None
         from reef.registry.candidates import find_candidate
 
-        view = find_candidate(self.data_dir, candidate_id)
+        view = find_candidate(self.data_dir, candidate_id, url=self.config.state.url)
         future = asyncio.run_coroutine_threadsafe(self.publisher.auto_release(view), self.loop)
         try:
             release = future.result(timeout=600)

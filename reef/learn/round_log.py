@@ -13,8 +13,16 @@ next round; from `trained` on, its records are consumed, so it is resumed (regis
 never abandoned and never trained again. `done` ends a round that was not gated here (`reef recipe
 run`, `reef learn --once`) or whose selected candidate waits for a person (policy approval).
 
-A process holds the scenario's `ROUND.LOCK` (flock) for as long as it runs a round, so a restarted
-learner never resumes a round that another process is still running.
+A process holds the scenario's round lock for as long as it runs a round, so a restarted learner
+never resumes a round that another process is still running.
+
+Where it lives: files under the data dir (`round-events.jsonl`, and `ROUND.LOCK`, a flock), or,
+with serve.yaml's `state.url` (REEF_STATE__URL, which `reef serve` passes to its rounds), rows in
+PostgreSQL (reef.core.eventlog_pg) and a session advisory lock held on a connection of its own for
+the round: learners behind several gateways then never run or resume one scenario's round twice,
+and each append is checked against the round's state as the log holds it, under the log's lock
+(not only as this process last saw it), so a second process that lost the lock (its database
+session dropped mid-round) still cannot write an illegal transition.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 import fcntl
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -31,14 +39,16 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from reef.core.clock import utcnow
-from reef.core.durable import append_line, read_log
+from reef.core.eventlog import EventLog, open_event_log
 from reef.core.paths import DataDir
+from reef.core.pg import state_url
 from reef.core.statemachine import LogEvent, Transitions
 
 RoundState = Literal["planned", "snapshotted", "trained", "registered", "gated", "released", "rejected", "done",
                      "failed", "abandoned"]
 EVENTS_FILE = "round-events.jsonl"
 LOCK_FILE = "ROUND.LOCK"
+MACHINE = "round"  # the log's name in PostgreSQL (reef_events.machine)
 
 TRANSITIONS = Transitions("learner round", {
     None: {"planned"},
@@ -77,6 +87,10 @@ class RoundEvent(LogEvent):
     candidate_id: str | None = None  # the registered candidate (content id)
     decision: str | None = None
     release_id: str | None = None
+
+    def encode(self) -> str:
+        # Most steps set a few of the fields: the others are not written (read back as None).
+        return self.model_dump_json(exclude_none=True)
 
 
 class Round(BaseModel):
@@ -119,30 +133,38 @@ class Round(BaseModel):
 
 
 class RoundLog:
-    """A scenario's rounds as an append-only log of transitions, each checked by `TRANSITIONS`."""
+    """A scenario's rounds as an append-only log of transitions, each checked by `TRANSITIONS`: in
+    files under `folder`, or in PostgreSQL at `url` (None: REEF_STATE__URL, else files)."""
 
-    def __init__(self, folder: Path | str, scenario: str, *, fsync: bool = True) -> None:
+    def __init__(self, folder: Path | str, scenario: str, *, url: str | None = None, fsync: bool = True) -> None:
         self.folder = Path(folder)
         self.scenario = scenario
         self.path = self.folder / EVENTS_FILE
-        self.fsync = fsync
+        self.url = state_url(url)
+        self.log: EventLog[RoundEvent] = open_event_log(MACHINE, scenario, self.path, RoundEvent, url=self.url,
+                                                        fsync=fsync)
+        # While lock() holds the round lock in PostgreSQL: whether its session still holds it.
+        self._still_locked: Callable[[], bool] | None = None
 
     @classmethod
-    def for_data_dir(cls, data_dir: Path | str, scenario: str) -> RoundLog:
-        return cls(DataDir(data_dir).learner(scenario), scenario)
+    def for_data_dir(cls, data_dir: Path | str, scenario: str, *, url: str | None = None) -> RoundLog:
+        return cls(DataDir(data_dir).learner(scenario), scenario, url=url)
 
     def rounds(self) -> list[Round]:
         """Every round, oldest first. An event the table does not allow (never written by this code)
         is skipped, so a reader only ever sees legal histories."""
+        return list(self._fold(self.log.events()).values())
+
+    def _fold(self, events: list[RoundEvent]) -> dict[str, Round]:
         found: dict[str, Round] = {}
-        for ev in read_log(self.path, RoundEvent.model_validate_json):
+        for ev in events:
             rnd = found.get(ev.round_id)
             if rnd is None and ev.state == "planned":
                 rnd = found[ev.round_id] = Round(round_id=ev.round_id, scenario=ev.scenario or self.scenario,
                                                  started_at=ev.at, updated_at=ev.at)
             if rnd is not None and TRANSITIONS.allowed(rnd.state, ev.state):
                 rnd.apply(ev)
-        return list(found.values())
+        return found
 
     def current(self) -> Round | None:
         rounds = self.rounds()
@@ -160,18 +182,42 @@ class RoundLog:
         return rnd
 
     def append(self, rnd: Round, state: RoundState, *, resumed: bool = False, **details: Any) -> Round:
-        """Persist `rnd`'s transition to `state` (IllegalTransitionError if the table refuses), then apply it."""
+        """Persist `rnd`'s transition to `state`, then apply it. IllegalTransitionError if the table
+        refuses it from `rnd`'s state, or from the state the log holds for the round (another process
+        moved it meanwhile)."""
         TRANSITIONS.check(rnd.state, state, rnd.round_id)
+        if self._still_locked is not None and not self._still_locked():
+            raise RoundBusyError(f"round {rnd.round_id} of {self.scenario} lost its lock (the state database ended "
+                                 "its session): another process may run it now")
         event = RoundEvent(round_id=rnd.round_id, state=state, resumed=resumed, **details)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        append_line(self.path, event.model_dump_json(exclude_none=True).encode() + b"\n", fsync=self.fsync)
+
+        def build(events: list[RoundEvent]) -> RoundEvent:
+            logged = self._fold(events).get(rnd.round_id)
+            TRANSITIONS.check(logged.state if logged else None, state, rnd.round_id)
+            return event
+
+        self.log.append(build)
         rnd.apply(event)
         return rnd
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Held while a process runs (or resumes) a round of this scenario; the kernel drops it when
-        that process dies, however it dies."""
+        """Held while a process runs (or resumes) a round of this scenario; dropped when that process
+        dies, however it dies (files: the kernel drops the flock; PostgreSQL: the server ends the
+        lock's session)."""
+        if self.url is not None:
+            from reef.core.eventlog_pg import session_lock
+
+            with session_lock(self.url, f"reef_round:{self.scenario}") as lock:
+                if not lock.held:
+                    raise RoundBusyError(f"another process is running a learning round of {self.scenario} "
+                                         "(it holds the scenario's round lock in the state database)")
+                self._still_locked = lock.still_held
+                try:
+                    yield
+                finally:
+                    self._still_locked = None
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:

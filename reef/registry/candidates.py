@@ -4,9 +4,15 @@ released them.
     <data_dir>/releases/<scenario>/candidates.jsonl   one CandidateEvent per line, append-only
     <data_dir>/releases/<scenario>/gate/<id>.json     the gate's per-prompt outputs (for people)
 
+With serve.yaml's `state.url` (REEF_STATE__URL) the events are rows in PostgreSQL instead
+(reef.core.eventlog_pg), shared by every gateway and learner; the gate's per-prompt outputs stay
+files under the data dir (content for people to read, not state anything decides on).
+
 A candidate's state is the fold of its events through `TRANSITIONS`, so nothing is ever edited in
-place and the file is its own audit log. Every append is checked against the table first: once
-released or rejected by a person a candidate stays so (a late gate result cannot select it again).
+place and the log is its own audit log. Every append is checked against the fold of the log as it
+is under the log's lock (a flock, or one PostgreSQL transaction), so of two writers racing on one
+candidate (a person's rejection and a gate's select, on two machines) the second is judged after
+the first: once released or rejected by a person a candidate stays so.
 
 Registering imports the candidate folder into the content-addressed artifact
 store; the candidate id is the artifact's content id, so registering the same weights (or harness
@@ -15,12 +21,8 @@ tree) twice is one candidate.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +30,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from reef.core.clock import utcnow
-from reef.core.durable import append_line, read_log, replace_atomically
+from reef.core.durable import replace_atomically
+from reef.core.eventlog import EventLog, open_event_log, scenarios_with_log
 from reef.core.paths import DataDir
 from reef.core.statemachine import IllegalTransitionError, LogEvent, Transitions
 from reef.registry.artifacts import ArtifactStore
@@ -38,6 +41,7 @@ log = logging.getLogger("reef.registry")
 
 CANDIDATES_FILE = "candidates.jsonl"
 LOCK_FILE = "CANDIDATES.LOCK"
+MACHINE = "candidate"  # the log's name in PostgreSQL (reef_events.machine)
 GATE_DIR = "gate"
 MIN_PREFIX = 8
 
@@ -167,33 +171,50 @@ class CandidateView(BaseModel):
     state: str = Field(default="registered", exclude=True)  # the TRANSITIONS state behind `status`
 
 
+# Spelled outside the class, whose `list` method hides the builtin in its annotations.
+Events = list[CandidateEvent]
+Views = list[CandidateView]
+
+
 class CandidateRegistry:
-    def __init__(self, data_dir: Path | str, scenario: str, *, fsync: bool = True) -> None:
+    """A scenario's candidates: in files under `data_dir`, or in PostgreSQL at `url` (None:
+    REEF_STATE__URL, else files)."""
+
+    def __init__(self, data_dir: Path | str, scenario: str, *, url: str | None = None, fsync: bool = True) -> None:
         self.data_dir = Path(data_dir)
         self.scenario = validate_scenario(scenario)
         self.dir = DataDir(self.data_dir).releases(scenario)
         self.path = self.dir / CANDIDATES_FILE
         self.fsync = fsync
+        self.log: EventLog[CandidateEvent] = open_event_log(
+            MACHINE, self.scenario, self.path, CandidateEvent, url=url, lock_path=self.dir / LOCK_FILE, fsync=fsync)
 
     @classmethod
-    def scenarios(cls, data_dir: Path | str) -> list[str]:
+    def scenarios(cls, data_dir: Path | str, url: str | None = None) -> list[str]:
+        found = scenarios_with_log(MACHINE, url)
+        if found is not None:
+            return found
         root = DataDir(data_dir).releases()
         return sorted(p.parent.name for p in root.glob(f"*/{CANDIDATES_FILE}")) if root.is_dir() else []
 
     # --- reading ------------------------------------------------------------------------------
 
     def events(self) -> list[CandidateEvent]:
-        return read_log(self.path, CandidateEvent.model_validate_json)
+        return self.log.events()
 
     def list(self) -> list[CandidateView]:
         """Every candidate, newest first."""
+        return sorted(self._fold(self.events()).values(), key=lambda v: v.created_at, reverse=True)
+
+    def _fold(self, events: Events) -> dict[str, CandidateView]:
+        """Each candidate as of its latest event that the table allows."""
         views: dict[str, CandidateView] = {}
-        for ev in self.events():
+        for ev in events:
             view = views.get(ev.candidate_id)
             state = _next_state(ev)
             if not TRANSITIONS.allowed(view.state if view else None, state):
                 # Only a log written before transitions were checked can hold one: keep the earlier state.
-                log.warning("%s: ignoring %s event of candidate %s in state %s", self.path, ev.event,
+                log.warning("%s: ignoring %s event of candidate %s in state %s", self.log.location, ev.event,
                             ev.candidate_id[:12], view.state if view else None)
                 continue
             update: dict[str, Any] = {"state": state, "status": _STATUS[state]}
@@ -209,22 +230,25 @@ class CandidateRegistry:
             elif ev.event == "released":
                 update["release_id"] = ev.data.get("release_id")
             views[ev.candidate_id] = view.model_copy(update=update)
-        return sorted(views.values(), key=lambda v: v.created_at, reverse=True)
+        return views
 
     def get(self, candidate_id: str, *, details: bool = False) -> CandidateView:
         """By id or unique prefix (>= 8 characters); with `details`, the gate's per-prompt outputs."""
-        matches = [v for v in self.list() if v.candidate_id.startswith(candidate_id)]
-        if len(candidate_id) < MIN_PREFIX or not matches:
-            raise CandidateNotFoundError(f"no candidate {candidate_id!r} in scenario {self.scenario}")
-        if len(matches) > 1:
-            raise CandidateNotFoundError(f"{candidate_id!r} matches {len(matches)} candidates; give more of the id")
-        view = matches[0]
+        view = self._match(self.list(), candidate_id)
         if details and view.gate is not None:
             path = self.dir / GATE_DIR / f"{view.candidate_id}.json"
             if path.is_file():
                 outcomes = [PromptOutcome.model_validate(o) for o in json.loads(path.read_text())]
                 view = view.model_copy(update={"gate": view.gate.model_copy(update={"per_prompt": outcomes})})
         return view
+
+    def _match(self, views: Views, candidate_id: str) -> CandidateView:
+        matches = [v for v in views if v.candidate_id.startswith(candidate_id)]
+        if len(candidate_id) < MIN_PREFIX or not matches:
+            raise CandidateNotFoundError(f"no candidate {candidate_id!r} in scenario {self.scenario}")
+        if len(matches) > 1:
+            raise CandidateNotFoundError(f"{candidate_id!r} matches {len(matches)} candidates; give more of the id")
+        return matches[0]
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -240,73 +264,75 @@ class CandidateRegistry:
             manifest = store.import_harness(src, lineage=candidate.lineage.given())
         else:
             manifest = store.import_candidate(src)
-        with self._locked():
-            for view in self.list():
-                if view.candidate_id == manifest.content_id:
-                    return view
-            self._append(CandidateEvent(candidate_id=manifest.content_id, event="registered", data={
-                "kind": manifest.kind, "source": str(src.resolve()), "source_id": candidate.id,
-                "created_at": utcnow().isoformat(),
-                "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
-                "train_metrics": candidate.metrics, "training_log": candidate.training_log,
-                **({"mutations": candidate.mutations} if candidate.mutations else {}),
-            }))
+        event = CandidateEvent(candidate_id=manifest.content_id, event="registered", data={
+            "kind": manifest.kind, "source": str(src.resolve()), "source_id": candidate.id,
+            "created_at": utcnow().isoformat(),
+            "lineage": manifest.lineage.model_dump(mode="json") if manifest.lineage else None,
+            "train_metrics": candidate.metrics, "training_log": candidate.training_log,
+            **({"mutations": candidate.mutations} if candidate.mutations else {}),
+        })
+
+        def build(events: Events) -> CandidateEvent | None:
+            # Registered already (by this process or another): nothing appended, the existing view returned.
+            return None if manifest.content_id in self._fold(events) else self._checked(events, event)
+
+        self.log.append(build)
         return self.get(manifest.content_id)
 
     def record_gate(self, candidate_id: str, result: GateResult) -> CandidateView:
         event = CandidateEvent(candidate_id=candidate_id, event="evaluated",
                                data=result.model_dump(mode="json", exclude={"per_prompt"}))
-        with self._locked():
-            self.check(event)  # before the outputs: a refused result must not replace the last one's
+
+        def build(events: Events) -> CandidateEvent:
+            self._checked(events, event)  # before the outputs: a refused result must not replace the last one's
             if result.per_prompt is not None:
                 (self.dir / GATE_DIR).mkdir(parents=True, exist_ok=True)
                 replace_atomically(
                     self.dir / GATE_DIR / f"{candidate_id}.json",
                     json.dumps([o.model_dump(mode="json") for o in result.per_prompt]).encode(), fsync=self.fsync,
                 )
-            self._append(event)
+            return event
+
+        self.log.append(build)
         return self.get(candidate_id)
 
     def reject(self, candidate_id: str, reason: str, by: str | None = None) -> CandidateView:
-        with self._locked():
-            view = self.get(candidate_id)
+        def build(events: Events) -> CandidateEvent:
+            view = self._match(sorted(self._fold(events).values(), key=lambda v: v.created_at), candidate_id)
             if view.status == "released":
                 raise CandidateStateError(f"{view.candidate_id[:12]} is released as {view.release_id}: "
                                           "roll back instead")
-            self._append(CandidateEvent(candidate_id=view.candidate_id, event="rejected", by=by,
-                                        data={"reason": reason}))
-        return self.get(view.candidate_id)
+            return self._checked(events, CandidateEvent(candidate_id=view.candidate_id, event="rejected", by=by,
+                                                        data={"reason": reason}))
+
+        appended = self.log.append(build)
+        assert appended is not None
+        return self.get(appended.candidate_id)
 
     def mark_released(self, candidate_id: str, release_id: str, by: str | None = None) -> None:
-        with self._locked():
-            self._append(CandidateEvent(candidate_id=candidate_id, event="released", by=by,
-                                        data={"release_id": release_id}))
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        self._append(CandidateEvent(candidate_id=candidate_id, event="released", by=by,
+                                    data={"release_id": release_id}))
 
     def check(self, event: CandidateEvent) -> None:
         """Raise CandidateStateError unless the candidate's current state allows `event`."""
-        current = next((v for v in self.list() if v.candidate_id == event.candidate_id), None)
+        self._checked(self.events(), event)
+
+    def _checked(self, events: Events, event: CandidateEvent) -> CandidateEvent:
+        """`event`, if the candidate's state after `events` allows it; CandidateStateError otherwise."""
+        current = self._fold(events).get(event.candidate_id)
         try:
             TRANSITIONS.check(current.state if current else None, _next_state(event), event.candidate_id[:12])
         except IllegalTransitionError as exc:
             raise CandidateStateError(f"{exc} ({event.event} event refused)") from None
+        return event
 
     def _append(self, event: CandidateEvent) -> None:
-        """Append one event (the caller holds the lock), if the candidate's state allows it."""
-        self.check(event)
-        append_line(self.path, event.model_dump_json().encode() + b"\n", fsync=self.fsync)
+        """Append one event if the candidate's state, under the log's lock, allows it."""
+        self.log.append(lambda events: self._checked(events, event))
 
 
-def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario: str | None = None) -> CandidateView:
+def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario: str | None = None, *,
+                       url: str | None = None) -> CandidateView:
     """Register a recipe's candidate folder under its scenario (read from its candidate.json)."""
     if scenario is None:
         candidate = Candidate.read_if_any(candidate_dir)
@@ -315,15 +341,15 @@ def register_candidate(data_dir: Path | str, candidate_dir: Path | str, scenario
         if candidate.scenario is None:
             raise CandidateError(f"{candidate_dir}'s candidate.json names no scenario; pass it")
         scenario = candidate.scenario
-    return CandidateRegistry(data_dir, scenario).register(candidate_dir)
+    return CandidateRegistry(data_dir, scenario, url=url).register(candidate_dir)
 
 
-def find_candidate(data_dir: Path | str, candidate_id: str) -> CandidateView:
+def find_candidate(data_dir: Path | str, candidate_id: str, *, url: str | None = None) -> CandidateView:
     """A candidate of any scenario, by id or unique prefix."""
-    found: list[CandidateView] = []
-    for scenario in CandidateRegistry.scenarios(data_dir):
+    found: Views = []
+    for scenario in CandidateRegistry.scenarios(data_dir, url):
         try:
-            found.append(CandidateRegistry(data_dir, scenario).get(candidate_id, details=True))
+            found.append(CandidateRegistry(data_dir, scenario, url=url).get(candidate_id, details=True))
         except CandidateNotFoundError:
             continue
     if len(found) != 1:

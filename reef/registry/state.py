@@ -11,9 +11,10 @@ env layer), which `reef serve` sets for the processes it starts (rounds, the gat
 only a data dir (reef.gate, reef.learn) reads the chain the server publishes to.
 
 What else moved to PostgreSQL with `state.url`, each chosen in its own module the same way:
-reports' idempotency keys (reef.experience.report_keys, table reef_report_keys) and the
-learner's consumed ledger (reef.recipe.ledger, table reef_consumed). Candidates, canaries' events
-and the round log stay in files under the data dir for now (issue 26 part 3 moves them next).
+reports' idempotency keys (reef.experience.report_keys, table reef_report_keys), the learner's
+consumed ledger (reef.recipe.ledger, table reef_consumed), and the state machines' event logs:
+candidates (reef.registry.candidates), canaries (reef.serving.canary) and learner rounds
+(reef.learn.round_log), all through reef.core.eventlog (table reef_events).
 """
 
 from __future__ import annotations

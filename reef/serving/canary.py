@@ -9,7 +9,9 @@ candidate's mean reward minus the head's (Welch, at `confidence`) must lie entir
 models promote at most (1 - confidence) / 2 of the time, not half of it.
 
 A canary is a persisted state machine (`TRANSITIONS`), one event per transition in
-`<data_dir>/releases/<scenario>/canaries.jsonl`; its arms' numbers are not written anywhere else:
+`<data_dir>/releases/<scenario>/canaries.jsonl`, or, with serve.yaml's `state.url`, in PostgreSQL
+(reef.core.eventlog_pg), each append checked against the log under its lock; its arms' numbers
+are not written anywhere else:
 after a restart they are counted again from the recorded experience (records carry the arm's
 release label, reports name records), so they are exactly what is durable.
 """
@@ -28,7 +30,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, Field
 
-from reef.core.durable import append_line, read_log
+from reef.core.eventlog import EventLog, open_event_log, scenarios_with_log
 from reef.core.paths import DataDir
 from reef.core.statemachine import LogEvent, Transitions
 from reef.experience import shards
@@ -38,6 +40,7 @@ from reef.scenario.schema import CanaryConfig
 Arm = Literal["candidate", "head"]
 CanaryState = Literal["running", "promoting", "promoted", "aborted"]
 CANARIES_FILE = "canaries.jsonl"
+MACHINE = "canary"  # the log's name in PostgreSQL (reef_events.machine)
 
 # `promoting` is written before the promote release starts; a restart finds the release on the
 # chain (-> promoted) or not (-> running again, and the rule decides again).
@@ -137,23 +140,25 @@ class CanaryEvent(LogEvent):
 
 
 class CanaryLog:
-    """A scenario's canaries as an append-only log of transitions, each checked by `TRANSITIONS`."""
+    """A scenario's canaries as an append-only log of transitions, each checked by `TRANSITIONS`: in
+    files under `data_dir`, or in PostgreSQL at `url` (None: REEF_STATE__URL, else files)."""
 
-    def __init__(self, data_dir: Path | str, scenario: str, *, fsync: bool = True) -> None:
+    def __init__(self, data_dir: Path | str, scenario: str, *, url: str | None = None, fsync: bool = True) -> None:
         self.path = DataDir(data_dir).releases(scenario) / CANARIES_FILE
-        self.fsync = fsync
+        self.log: EventLog[CanaryEvent] = open_event_log(MACHINE, scenario, self.path, CanaryEvent, url=url,
+                                                         fsync=fsync)
+
+    @staticmethod
+    def scenarios(data_dir: Path | str, url: str | None = None) -> list[str]:
+        """The scenarios that have had a canary."""
+        found = scenarios_with_log(MACHINE, url)
+        if found is not None:
+            return found
+        return sorted(p.parent.name for p in DataDir(data_dir).releases().glob(f"*/{CANARIES_FILE}"))
 
     def canaries(self) -> list[Canary]:
         """Every canary of the scenario, oldest first, as of its latest event."""
-        found: dict[str, Canary] = {}
-        for ev in read_log(self.path, CanaryEvent.model_validate_json):
-            canary = found.get(ev.canary_id)
-            if canary is None and ev.canary is not None:
-                canary = found[ev.canary_id] = Canary.model_validate({**ev.canary, "arms": _arms()})
-            if canary is not None and TRANSITIONS.allowed(canary.state if ev.canary is None else None, ev.state):
-                canary.state, canary.reason = ev.state, ev.reason or canary.reason
-                canary.release_id = ev.release_id or canary.release_id
-        return list(found.values())
+        return list(_fold(self.log.events()).values())
 
     def last(self) -> Canary | None:
         canaries = self.canaries()
@@ -161,18 +166,31 @@ class CanaryLog:
 
     def append(self, canary: Canary, state: CanaryState, reason: str | None = None,
                release_id: str | None = None) -> None:
-        """Persist `canary`'s transition to `state` (raises IllegalTransitionError), then apply it."""
-        first = canary.state == "running" and state == "running" and not self._known(canary.canary_id)
-        TRANSITIONS.check(None if first else canary.state, state, canary.canary_id)
-        event = CanaryEvent(canary_id=canary.canary_id, state=state, reason=reason, release_id=release_id,
-                            canary=canary.model_dump(mode="json", exclude={"arms", "state"}) if first else None)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        append_line(self.path, event.model_dump_json().encode() + b"\n", fsync=self.fsync)
+        """Persist `canary`'s transition to `state` from the state the log holds for it (raises
+        IllegalTransitionError), then apply it."""
+
+        def build(events: list[CanaryEvent]) -> CanaryEvent:
+            logged = _fold(events).get(canary.canary_id)
+            TRANSITIONS.check(logged.state if logged else None, state, canary.canary_id)
+            first = canary.model_dump(mode="json", exclude={"arms", "state"}) if logged is None else None
+            return CanaryEvent(canary_id=canary.canary_id, state=state, reason=reason, release_id=release_id,
+                               canary=first)
+
+        self.log.append(build)
         canary.state, canary.reason = state, reason or canary.reason
         canary.release_id = release_id or canary.release_id
 
-    def _known(self, canary_id: str) -> bool:
-        return any(c.canary_id == canary_id for c in self.canaries())
+
+def _fold(events: list[CanaryEvent]) -> dict[str, Canary]:
+    found: dict[str, Canary] = {}
+    for ev in events:
+        canary = found.get(ev.canary_id)
+        if canary is None and ev.canary is not None:
+            canary = found[ev.canary_id] = Canary.model_validate({**ev.canary, "arms": _arms()})
+        if canary is not None and TRANSITIONS.allowed(canary.state if ev.canary is None else None, ev.state):
+            canary.state, canary.reason = ev.state, ev.reason or canary.reason
+            canary.release_id = ev.release_id or canary.release_id
+    return found
 
 
 def recount(data_dir: Path | str, canary: Canary) -> tuple[dict[str, ArmStats], dict[str, Arm]]:

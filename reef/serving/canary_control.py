@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reef.config import ServeConfig
-from reef.core.paths import DataDir
 from reef.engine.hold import EngineHold
 from reef.registry.candidates import CandidateRegistry
 from reef.registry.chain_api import Chain, HeadMovedError, NotSelectedError, ReleaseError
@@ -65,7 +64,7 @@ class CanaryController:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def log(self, scenario: str) -> CanaryLog:
-        return CanaryLog(self.publisher.data_dir, scenario)
+        return CanaryLog(self.publisher.data_dir, scenario, url=self.publisher.config.state.url)
 
     def describe(self, scenario: str) -> dict[str, object] | None:
         return self.canaries.describe(scenario)
@@ -77,7 +76,7 @@ class CanaryController:
         """Append a routing release splitting `fraction` of the traffic to the candidate (on top of
         `expected_parent`; None: the head); its canary starts with it."""
         pub = self.publisher
-        view = CandidateRegistry(pub.data_dir, scenario).get(candidate_id)
+        view = CandidateRegistry(pub.data_dir, scenario, url=pub.config.state.url).get(candidate_id)
         if view.status != "selected":
             raise NotSelectedError(f"candidate {view.candidate_id[:12]} is {view.status}; a canary needs a "
                                    "candidate the gate selected")
@@ -193,8 +192,7 @@ class CanaryController:
         the heads (and their splits): the canary of the head's routing release runs on, counted
         again from the recorded experience; any other that was running ends."""
         pub = self.publisher
-        scenarios = sorted({p.parent.name for p in DataDir(pub.data_dir).releases().glob("*/canaries.jsonl")}
-                           | set(pub.routes.serving()))
+        scenarios = sorted(set(CanaryLog.scenarios(pub.data_dir, pub.config.state.url)) | set(pub.routes.serving()))
         for scenario in scenarios:
             lost: Canary | None = None
             async with pub.lock:

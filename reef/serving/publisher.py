@@ -228,13 +228,16 @@ class Publisher:
     def _mark_released(self, scenario: str, chain: Chain) -> None:
         """A kill between a release's chain append and its candidate's `released` event leaves the
         register behind the chain (the truth): catch it up."""
-        registry = CandidateRegistry(self.data_dir, scenario)
+        registry = CandidateRegistry(self.data_dir, scenario, url=self.config.state.url)
         views = {v.candidate_id: v for v in registry.list()}
         for release in chain.releases():
             for cid in (release.content_id, release.harness_id):
                 view = views.get(cid) if release.operation in ("train", "promote") and cid else None
                 if view is not None and view.status == "selected":
-                    registry.mark_released(view.candidate_id, release.release_id, release.approved_by)
+                    try:
+                        registry.mark_released(view.candidate_id, release.release_id, release.approved_by)
+                    except CandidateStateError:
+                        pass  # another gateway on the state database caught it up first (or a person rejected it)
                     views.pop(view.candidate_id)
 
     async def engine_restarted(self) -> None:
@@ -282,7 +285,7 @@ class Publisher:
                       harness: str | None = None) -> tuple[Release, dict[str, Any]]:
         """Release a gate-selected candidate: weights (the head's harness stays), a harness (the head's
         weights stay), or, with `harness`, weights and a harness together in one step (composite)."""
-        registry = CandidateRegistry(self.data_dir, scenario)
+        registry = CandidateRegistry(self.data_dir, scenario, url=self.config.state.url)
         first = registry.get(candidate_id)  # CandidateNotFoundError before anything else
         second = registry.get(harness) if harness else None
         if first.kind == "harness" and second is not None:

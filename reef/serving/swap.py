@@ -192,9 +192,10 @@ class Swapper:
 
     def probe_for(self, content_id: str) -> Probe | None:
         """The gate's canary request for this content; None: the neutral probe."""
-        for scenario in CandidateRegistry.scenarios(self.data_dir):
+        url = self.config.state.url
+        for scenario in CandidateRegistry.scenarios(self.data_dir, url):
             try:
-                view = CandidateRegistry(self.data_dir, scenario).get(content_id)
+                view = CandidateRegistry(self.data_dir, scenario, url=url).get(content_id)
             except CandidateNotFoundError:
                 continue
             if view.gate is not None and view.gate.probe is not None:

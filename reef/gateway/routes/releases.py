@@ -7,6 +7,7 @@ gets 409 and nothing changes. The contract is docs/release-api.md.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
@@ -19,7 +20,13 @@ from reef.gateway.state import GatewayState, get_state
 from reef.gateway.wire.contract import ADMIN, errors
 from reef.gateway.wire.errors import ReefError
 from reef.registry.artifacts import ArtifactError
-from reef.registry.candidates import CandidateError, CandidateNotFoundError, CandidateRegistry, find_candidate
+from reef.registry.candidates import (
+    CandidateError,
+    CandidateNotFoundError,
+    CandidateRegistry,
+    CandidateView,
+    find_candidate,
+)
 from reef.registry.chain import HeadMovedError, NotSelectedError, ReleaseError, ReleaseNotFoundError, StaleGateError
 from reef.registry.schema import SCENARIO_RE, Release
 from reef.serving.publisher import Publisher
@@ -134,30 +141,47 @@ async def _swap(publisher: Publisher, scenario: str, operation: Awaitable[tuple[
     return {"release": made.model_dump(mode="json"), "serving": publisher.serving(scenario), "swap": swap}
 
 
-@router.get("/reef/candidates", responses=errors(404, 422))
+@router.get("/reef/candidates", responses=errors(404, 422, 503))
 async def list_candidates(request: Request, scenario: str | None = None) -> dict[str, Any]:
-    st = get_state(request)
-    scenarios = [_scenario(scenario)] if scenario else CandidateRegistry.scenarios(st.config.data_dir)
-    views = [v for s in scenarios for v in CandidateRegistry(st.config.data_dir, s).list()]
+    config = get_state(request).config
+    wanted = [_scenario(scenario)] if scenario else None
+
+    def read() -> list[CandidateView]:  # files or the state database: off the event loop
+        scenarios = wanted or CandidateRegistry.scenarios(config.data_dir, config.state.url)
+        return [v for s in scenarios for v in CandidateRegistry(config.data_dir, s, url=config.state.url).list()]
+
+    try:
+        views = await asyncio.to_thread(read)
+    except StateUnavailableError as exc:
+        raise _as_http(exc) from exc
     views.sort(key=lambda v: v.created_at, reverse=True)
     return {"candidates": [v.model_dump(mode="json") for v in views]}
 
 
-@router.get("/reef/candidates/{candidate_id}", responses=errors(404))
+@router.get("/reef/candidates/{candidate_id}", responses=errors(404, 503))
 async def get_candidate(candidate_id: str, request: Request) -> dict[str, Any]:
+    config = get_state(request).config
     try:
-        return find_candidate(get_state(request).config.data_dir, candidate_id).model_dump(mode="json")
+        view = await asyncio.to_thread(find_candidate, config.data_dir, candidate_id, url=config.state.url)
     except CandidateNotFoundError as exc:
         raise ReefError(404, str(exc), code="not_found") from exc
+    except StateUnavailableError as exc:
+        raise _as_http(exc) from exc
+    return view.model_dump(mode="json")
 
 
-@router.post("/reef/candidates/{candidate_id}/reject", responses=errors(400, 401, 403, 404, 409, 422),
+@router.post("/reef/candidates/{candidate_id}/reject", responses=errors(400, 401, 403, 404, 409, 422, 503),
              openapi_extra=ADMIN)
 async def reject_candidate(candidate_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
-    data_dir = _admin(request).config.data_dir
+    config = _admin(request).config
+
+    def reject() -> CandidateView:
+        view = find_candidate(config.data_dir, candidate_id, url=config.state.url)
+        return CandidateRegistry(config.data_dir, view.scenario, url=config.state.url).reject(
+            view.candidate_id, body.reason, body.by or "admin")
+
     try:
-        view = find_candidate(data_dir, candidate_id)
-        rejected = CandidateRegistry(data_dir, view.scenario).reject(view.candidate_id, body.reason, body.by or "admin")
+        rejected = await asyncio.to_thread(reject)
     except Exception as exc:  # noqa: BLE001
         raise _as_http(exc) from exc
     return rejected.model_dump(mode="json")
