@@ -1,6 +1,8 @@
 """Everything the dashboard reads from the data dir: cached polars queries over
-`reef.experience.load`, the release chain (`reef.registry.ReleaseChain`), the candidate register
-and the learner's rounds. Nothing here writes; actions go through the server (dashboard/api.py).
+`reef.experience.load`, the release chain, the candidate register and the learner's rounds. Nothing
+here writes; actions go through the server (dashboard/api.py). Chains and candidates come from
+whichever backend holds them: files under the data dir, or PostgreSQL when REEF_STATE__URL (the
+servers' `state.url`) is set, as the CLI reads them.
 
 Queries aggregate lazily and return small frames (a time bucket x release grid, one page of
 records), so a page costs the same with 100 or 100,000 records. Each cached query takes the
@@ -23,9 +25,10 @@ import streamlit as st
 
 from reef.experience import load
 from reef.experience import shards as exp_shards
-from reef.registry import ArtifactStore, ReleaseChain
+from reef.registry import ArtifactStore
 from reef.registry.candidates import CandidateNotFoundError, CandidateRegistry, CandidateView
-from reef.registry.chain import CHAIN_FILE
+from reef.registry.chain_api import Chain
+from reef.registry.state import ReleaseState
 
 TTL = 60
 SESSION = "gen_ai.conversation.id"
@@ -40,11 +43,10 @@ TARGET_BUCKETS = 120
 
 def scenarios(data_dir: Path) -> list[str]:
     """Scenarios with experience, a release chain or candidates."""
-    found: set[str] = set()
-    for sub, marker in (("experience", "records"), ("releases", CHAIN_FILE), ("releases", "candidates.jsonl")):
-        root = data_dir / sub
-        if root.is_dir():
-            found.update(p.parent.name for p in root.glob(f"*/{marker}") if not p.parent.name.startswith("."))
+    found: set[str] = set(ReleaseState(data_dir).scenarios()) | set(CandidateRegistry.scenarios(data_dir))
+    root = data_dir / "experience"
+    if root.is_dir():
+        found.update(p.parent.name for p in root.glob("*/records") if not p.parent.name.startswith("."))
     return sorted(found)
 
 
@@ -55,12 +57,14 @@ def version(data_dir: Path, scenario: str) -> tuple[Any, ...]:
         folder = exp_shards.table_dir(data_dir, scenario, table)
         if folder.is_dir():
             parts.extend(sorted((p.name, p.stat().st_size) for p in folder.glob("*.parquet")))
-    for name in (CHAIN_FILE, "candidates.jsonl"):
-        path = data_dir / "releases" / scenario / name
-        if path.exists():
-            stat = path.stat()
-            parts.append((name, stat.st_size, stat.st_mtime_ns))
-    return tuple(parts)
+    state = ReleaseState(data_dir)
+    if state.shared:  # every publish moves the head; every candidate change is one more event
+        parts.append(("state", state.heads().get(scenario), len(CandidateRegistry(data_dir, scenario).events())))
+        return tuple(parts)
+    for path in (data_dir / "releases" / scenario).glob("*.jsonl"):  # the chain and the candidates' log
+        stat = path.stat()
+        parts.append((path.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(parts))
 
 
 # --- experience ----------------------------------------------------------------------------------
@@ -246,11 +250,10 @@ def export_parquet(data_dir: Path, scenario: str, filters: Filters) -> bytes:
 # --- releases and candidates ---------------------------------------------------------------------
 
 
-def _chain(data_dir: Path, scenario: str) -> ReleaseChain | None:
-    # Only an existing chain: opening one creates its folder, and the dashboard must not.
-    if not (data_dir / "releases" / scenario / CHAIN_FILE).is_file():
-        return None
-    return ReleaseChain.for_data_dir(data_dir, scenario)
+def _chain(data_dir: Path, scenario: str) -> Chain | None:
+    # Only an existing chain: opening one creates it, and the dashboard must not.
+    state = ReleaseState(data_dir)
+    return state.chain(scenario) if state.has_chain(scenario) else None
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

@@ -293,3 +293,21 @@ def wait_for(condition: object, timeout_s: float = 20.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_dashboard_reads_the_chains_and_candidates_from_postgres(tmp_path: Path, url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboard import data
+
+    monkeypatch.setenv("REEF_STATE__URL", url)
+    assert data.scenarios(tmp_path) == [] and data._chain(tmp_path, SCENARIO) is None  # noqa: SLF001
+    chain = PgChain(url, SCENARIO)
+    r0 = chain.ensure_base(hashlib.sha256(b"base").hexdigest())
+    before = data.version(tmp_path, SCENARIO)
+    chain.publish(r0.release_id, r0.content_id, "full", "train", approved_by="ops")
+    after = data.version(tmp_path, SCENARIO)
+    assert after != before, "a publish through another gateway must show at the next rerun"
+    assert data.scenarios(tmp_path) == [SCENARIO]
+    assert [r["release_id"] for r in data.releases(tmp_path, SCENARIO, after)] == ["demo@r0", "demo@r1"]
+    assert data.candidates(tmp_path, SCENARIO, after) == []
+    assert not (tmp_path / "releases").exists()  # nothing read from, or made in, the data dir
