@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import datasets
+import fsspec
 import httpx
 import polars as pl
 import pytest
@@ -247,3 +248,26 @@ def test_a_partition_name_is_checked(tmp_path: Path) -> None:
     assert shards.shard_partition(Path("part-gw-1-00000012.parquet")) == ("gw-1", 12)
     assert shards.shard_partition(Path("part-00000012.parquet")) == (None, 12)
     assert shards.shard_partition(Path("README.md")) is None
+
+
+def test_load_reads_the_union_from_an_fsspec_url(tmp_path: Path) -> None:
+    local = tmp_path / "data"
+    with store(local, "a") as a, store(local, "b") as b:
+        a.append_records_sync([make_record(i) for i in range(3)])
+        b.append_records_sync([make_record(i) for i in range(3, 5)])
+        b.append_reports_sync([make_report("rep_1", ["rec_00001"], 1.0)])
+    (local / "releases" / "demo").mkdir(parents=True)
+    (local / "releases" / "demo" / "HEAD").write_text("demo@r3\n")
+    expected = load("demo", local).collect()
+    assert expected.height == 5 and load("demo", local).head_seq == 3
+
+    # The data dir synced to an object store: fsspec's in-memory one, a filesystem with no local path.
+    fs = fsspec.filesystem("memory")
+    fs.put(str(local / "experience"), f"/{tmp_path.name}/experience", recursive=True)
+    fs.put(str(local / "releases"), f"/{tmp_path.name}/releases", recursive=True)
+    for url in (f"memory://{tmp_path.name}", local.as_uri()):
+        exp = load("demo", url)
+        assert exp.head_seq == 3
+        assert exp.collect().equals(expected), url
+        assert exp.to_dataset().num_rows == 5
+    assert load("demo", "memory://nothing-here").collect().height == 0

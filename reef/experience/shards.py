@@ -35,11 +35,15 @@ import uuid
 from functools import cache
 from pathlib import Path
 
+import fsspec
 import orjson
 import polars as pl
 import pyarrow as pa
+import pyarrow.dataset as pa_ds
+import pyarrow.fs as pa_fs
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+from fsspec.spec import AbstractFileSystem
 
 from reef.core.durable import fsync_path
 from reef.core.paths import DataDir
@@ -134,6 +138,22 @@ def read_keys(files: list[Path], id_col: str, hash_col: str) -> pl.DataFrame:
         .unique(id_col, keep="first")
         .collect()
     )
+
+
+def url_shards(url: str, scenario: str, table: str) -> tuple[AbstractFileSystem, list[str]]:
+    """The filesystem of an fsspec data dir URL (`s3://bucket/data`, `gs://...`, `file:///...`) and
+    one scenario's shards of `table` there, of every partition."""
+    fs, root = fsspec.core.url_to_fs(url)
+    folder = DataDir(root).experience(validate_scenario(scenario)) / table
+    return fs, sorted(fs.glob(f"{folder.as_posix()}/*.parquet"))
+
+
+def scan_files(fs: AbstractFileSystem, files: list[str], table: str) -> pl.LazyFrame:
+    """`scan` for shards on any fsspec filesystem, read through arrow (polars reads only some
+    object stores itself); the declared schema again fills columns older shards lack."""
+    dataset = pa_ds.dataset(files, schema=arrow_schema(table), format="parquet",
+                            filesystem=pa_fs.PyFileSystem(pa_fs.FSSpecHandler(fs)))
+    return pl.scan_pyarrow_dataset(dataset)
 
 
 def has_shards(data_dir: Path, scenario: str, table: str) -> bool:
