@@ -94,6 +94,25 @@ def test_a_store_finds_what_another_partition_flushed(tmp_path: Path) -> None:
         assert asyncio.run(b.locate_record("rec_nope")) is None
 
 
+def test_only_folders_that_changed_are_listed_again(tmp_path: Path) -> None:
+    folder = tmp_path / "experience" / "demo" / "records"
+    with store(tmp_path, "a") as a, store(tmp_path, "b") as b:
+        a.append_records_sync([make_record(1)])
+        a.flush()
+        os.utime(folder, ns=(10**18, 10**18))  # long before now: listing it once tells all
+        assert asyncio.run(b.locate_record("rec_00001")) is not None
+        # A file that appears without changing the folder's mtime (no rename into it) is not seen...
+        other = make_record(2).model_dump_json(by_alias=True).encode()
+        shards.write_shard(tmp_path, "demo", "records", 99, [other], fsync=False, partition="c")
+        os.utime(folder, ns=(10**18, 10**18))
+        assert asyncio.run(b.locate_record("rec_00002")) is None
+        # ... a shard renamed in changes it, and the folder is listed again.
+        a.append_records_sync([make_record(3)])
+        a.flush()
+        assert asyncio.run(b.locate_record("rec_00003")) is not None
+        assert b.record_index("rec_00002") is not None
+
+
 def test_a_partitioned_flusher_indexes_the_others(tmp_path: Path) -> None:
     with store(tmp_path, "a") as a, store(tmp_path, "b", flush_interval_s=0.05) as b:
         a.append_records_sync([make_record(i) for i in range(3)])

@@ -160,6 +160,11 @@ def has_shards(data_dir: Path, scenario: str, table: str) -> bool:
     return any(table_dir(data_dir, scenario, table).glob("*.parquet"))
 
 
+def table_dirs(data_dir: Path, table: str) -> list[Path]:
+    """Every scenario's `table` folder."""
+    return [p for p in DataDir(data_dir).experience().glob(f"*/{table}") if p.is_dir()]
+
+
 def all_shards(data_dir: Path, table: str) -> list[Path]:
     """Every scenario's shards of `table`, of every partition."""
     return sorted(DataDir(data_dir).experience().glob(f"*/{table}/*.parquet"))

@@ -88,6 +88,7 @@ class ExperienceStore:
         self._indexed: set[str] = set()  # shards read into the index from disk
         self._refresh_lock = threading.Lock()
         self._refresh_started = 0.0  # time.monotonic() the latest look at other partitions' shards began
+        self._listed: dict[Path, tuple[int, int]] = {}  # shard folder -> (its mtime, when listed), in ns
         self._counts: dict[str, dict[str, int]] = {}  # scenario -> table -> rows
         self._mem: dict[tuple[str, str], dict[str, _Mem]] = {}  # (scenario, table) -> id -> row
         self._unflushed = 0
@@ -213,9 +214,27 @@ class ExperienceStore:
                 return
             self._refresh_started = time.monotonic()
             for table in _KEYS:
-                theirs = [p for p in shards.all_shards(self.data_dir, table)
+                theirs = [p for folder in self._changed(table) for p in folder.glob("*.parquet")
                           if (named := shards.shard_partition(p)) is not None and named[0] != self.partition]
                 self._index_shards(table, theirs)
+
+    def _changed(self, table: str) -> list[Path]:
+        """The scenarios' `table` folders that may hold shards not looked at yet. A shard renamed in
+        changes its folder's mtime, so a folder is listed again only then (a long-lived data dir
+        holds many thousands of shards; listing them all every round would cost a core's share), or
+        while its mtime is too recent to tell two renames in one clock tick apart."""
+        out = []
+        for folder in shards.table_dirs(self.data_dir, table):
+            try:
+                mtime = folder.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            seen = self._listed.get(folder)
+            if seen is not None and seen[0] == mtime and seen[1] - mtime > 1_000_000_000:
+                continue
+            self._listed[folder] = (mtime, time.time_ns())
+            out.append(folder)
+        return out
 
     # --- appending ---------------------------------------------------------------------------
 
