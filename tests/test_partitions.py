@@ -24,9 +24,11 @@ from reef.experience import load, shards
 from reef.experience.store import ExperienceStore
 from reef.experience.wal import WalEntry, encode
 from reef.gateway.app import create_app
+from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
 from reef.gateway.transport.replicas import Replicas
 from reef.recipe.snapshot import ExperienceSpec, Snapshot
+from reef.server import seed_sessions
 from reef.serving.routing import Routes
 from tests.helpers.records import MANUAL, make_record, make_report
 
@@ -82,12 +84,15 @@ def test_two_partitions_write_apart_and_read_as_one(tmp_path: Path) -> None:
 
 def test_a_store_finds_what_another_partition_flushed(tmp_path: Path) -> None:
     with store(tmp_path, "a") as a, store(tmp_path, "b") as b:
-        a.append_records_sync([make_record(1)])
+        sessions = SessionIndex()  # the gateway learns the others' sessions from their new shards
+        b.on_their_shards = lambda table, files: seed_sessions(sessions, tmp_path, files)
+        a.append_records_sync([make_record(1, reply_hashes=["reply-1"])])
         # Not flushed yet: only a knows it (the bound is a's flush interval).
         assert asyncio.run(b.locate_record("rec_00001")) is None
         a.flush()
         assert b.record_index("rec_00001") is None  # b has not looked since
         assert asyncio.run(b.locate_record("rec_00001")) == ("demo", "body_1")
+        assert len(sessions) == 1
         assert b.get_record("rec_00001") is not None and b.stats()["demo"].records == 1
         # b's session lookup reads every partition's shards too.
         assert b.session_records("demo", "sess_1") == ["rec_00001"]

@@ -2,7 +2,8 @@
 writing its own experience partition (`store.partition`), in front of a stand-in engine. Under load,
 `kill -9` of one: the survivor fails no call, and once the killed one's partition is opened again no record
 either acknowledged is missing, and `reef.experience.load` (what snapshots read) holds both's; a report through one
-gateway for a record the other recorded is stored once that one flushed it."""
+gateway for a record the other recorded is stored once that one flushed it, and a conversation's
+turns through both are one session."""
 
 from __future__ import annotations
 
@@ -91,6 +92,18 @@ def test_two_gateways_one_data_dir_kill_9_of_one(tmp_path: Path, postgres: Postg
     try:
         with ThreadPoolExecutor(2) as pool:  # at once: both import the base and open the data dir together
             list(pool.map(lambda gw: gw.start(timeout_s=120), (a, b)))
+        with httpx.Client(timeout=10) as client:
+            # A conversation's first turn through a, its second through b: one session, once b has
+            # indexed a's shard (after a's flush: b's next flush round, or a lookup that misses).
+            first = client.post(f"{a.url}/v1/chat/completions", json=CHAT, headers=HEADERS)
+            first_id = first.headers["x-reef-agent-record-id"]
+            wait_for(lambda: client.get(f"{b.url}/reef/records/{first_id}").status_code == 200)
+            turn = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "ok"},
+                                         {"role": "user", "content": "and?"}]}
+            second = client.post(f"{b.url}/v1/chat/completions", json=turn, headers=HEADERS)
+            session = [client.get(f"{gw.url}/reef/records/{r.headers['x-reef-agent-record-id']}")
+                       .json()["gen_ai.conversation.id"] for gw, r in ((a, first), (b, second))]
+            assert session[0] == session[1], session
         with Clients(a.url) as on_a, Clients(b.url) as on_b:
             wait_for(lambda: len(on_a.acked) >= 10 and len(on_b.acked) >= 10)
             killed_at = time.monotonic()

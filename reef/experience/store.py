@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -89,6 +89,9 @@ class ExperienceStore:
         self._refresh_lock = threading.Lock()
         self._refresh_started = 0.0  # time.monotonic() the latest look at other partitions' shards began
         self._listed: dict[Path, tuple[int, int]] = {}  # shard folder -> (its mtime, when listed), in ns
+        # Called with (table, shards) for the other partitions' shards a refresh indexed: the gateway
+        # learns their sessions from them (reef.server.seed_sessions).
+        self.on_their_shards: Callable[[str, list[Path]], None] | None = None
         self._counts: dict[str, dict[str, int]] = {}  # scenario -> table -> rows
         self._mem: dict[tuple[str, str], dict[str, _Mem]] = {}  # (scenario, table) -> id -> row
         self._unflushed = 0
@@ -215,8 +218,14 @@ class ExperienceStore:
             self._refresh_started = time.monotonic()
             for table in _KEYS:
                 theirs = [p for folder in self._changed(table) for p in folder.glob("*.parquet")
-                          if (named := shards.shard_partition(p)) is not None and named[0] != self.partition]
+                          if (named := shards.shard_partition(p)) is not None and named[0] != self.partition
+                          and str(p) not in self._indexed]
                 self._index_shards(table, theirs)
+                if theirs and self.on_their_shards is not None:
+                    try:
+                        self.on_their_shards(table, theirs)
+                    except Exception:  # what it feeds is a convenience; the index is what must hold
+                        log.exception("on_their_shards failed for %d shards of %s", len(theirs), table)
 
     def _changed(self, table: str) -> list[Path]:
         """The scenarios' `table` folders that may hold shards not looked at yet. A shard renamed in
