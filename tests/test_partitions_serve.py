@@ -23,7 +23,7 @@ from reef.experience.shards import all_shards, shard_partition
 from reef.experience.store import ExperienceStore
 from reef.serve_process import ServeProcess
 from tests.helpers.postgres import PostgresServer, postgres  # noqa: F401 - the session's server
-from tests.test_state_postgres import _Upstream, fake_model
+from tests.helpers.stand_in import StandInUpstream, fake_model
 
 pytestmark = pytest.mark.model_free
 
@@ -75,7 +75,7 @@ def wait_for(condition: object, timeout_s: float = 20.0) -> None:
 
 
 def test_two_gateways_one_data_dir_kill_9_of_one(tmp_path: Path, postgres: PostgresServer) -> None:  # noqa: F811
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandInUpstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     model = fake_model(tmp_path / "model")
     data = tmp_path / "data"  # shared
