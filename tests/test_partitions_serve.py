@@ -104,6 +104,7 @@ def test_two_gateways_one_data_dir_kill_9_of_one(tmp_path: Path, postgres: Postg
             session = [client.get(f"{gw.url}/reef/records/{r.headers['x-reef-agent-record-id']}")
                        .json()["gen_ai.conversation.id"] for gw, r in ((a, first), (b, second))]
             assert session[0] == session[1], session
+            assert [client.get(f"{gw.url}/reef/status").json()["partition"] for gw in (a, b)] == ["a", "b"]
         with Clients(a.url) as on_a, Clients(b.url) as on_b:
             wait_for(lambda: len(on_a.acked) >= 10 and len(on_b.acked) >= 10)
             killed_at = time.monotonic()
