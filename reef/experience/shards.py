@@ -170,11 +170,6 @@ def all_shards(data_dir: Path, table: str) -> list[Path]:
     return sorted(DataDir(data_dir).experience().glob(f"*/{table}/*.parquet"))
 
 
-def shard_seq(path: Path) -> int | None:
-    m = SHARD_RE.match(path.name)
-    return int(m.group("seq")) if m else None
-
-
 def shard_partition(path: Path) -> tuple[str | None, int] | None:
     """(partition, segment) of a shard's file name; None for a file that is not a shard."""
     m = SHARD_RE.match(path.name)
