@@ -23,6 +23,7 @@ from reef.config import ServeConfig, StoreConfig
 from reef.experience import load, shards
 from reef.experience.store import ExperienceStore
 from reef.experience.wal import WalEntry, encode
+from reef.gateway.admission import ScenarioAdmission
 from reef.gateway.app import create_app
 from reef.gateway.sessions import SessionIndex
 from reef.gateway.state import GatewayState
@@ -295,3 +296,12 @@ def test_load_reads_the_union_from_an_fsspec_url(tmp_path: Path) -> None:
         assert exp.collect().equals(expected), url
         assert exp.to_dataset().num_rows == 5
     assert load("demo", "memory://nothing-here").collect().height == 0
+
+
+def test_staging_folders_are_not_scenarios(tmp_path: Path) -> None:
+    with store(tmp_path, "a") as a:
+        a.append_records_sync([make_record(1)])
+    assert (tmp_path / "experience" / ".tmp-a").is_dir()
+    config = ServeConfig.model_validate({"data_dir": str(tmp_path), "model": "stand-in"})
+    known = ScenarioAdmission.seeded(config, []).known
+    assert "demo" in known and not [k for k in known if k.startswith(".")]
