@@ -31,6 +31,7 @@ import io
 import logging
 import os
 import re
+import time
 import uuid
 from functools import cache
 from pathlib import Path
@@ -154,6 +155,34 @@ def scan_files(fs: AbstractFileSystem, files: list[str], table: str) -> pl.LazyF
     dataset = pa_ds.dataset(files, schema=arrow_schema(table), format="parquet",
                             filesystem=pa_fs.PyFileSystem(pa_fs.FSSpecHandler(fs)))
     return pl.scan_pyarrow_dataset(dataset)
+
+
+class ShardWatch:
+    """The shards partitions other than `partition` wrote since the last look. A shard renamed into
+    a folder changes the folder's mtime, so a folder is listed again only then (a long-lived data
+    dir holds many thousands of shards; listing them all every flush round would cost a core's
+    share), or while its mtime is too recent to tell two renames in one clock tick apart."""
+
+    def __init__(self, data_dir: Path, partition: str | None) -> None:
+        self.data_dir = data_dir
+        self.partition = partition
+        self._listed: dict[Path, tuple[int, int]] = {}  # folder -> (its mtime, when listed), in ns
+
+    def new_shards(self, table: str) -> list[Path]:
+        """The other partitions' shards of `table` in every folder that changed (some maybe seen before)."""
+        out = []
+        for folder in table_dirs(self.data_dir, table):
+            try:
+                mtime = folder.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            seen = self._listed.get(folder)
+            if seen is not None and seen[0] == mtime and seen[1] - mtime > 1_000_000_000:
+                continue
+            self._listed[folder] = (mtime, time.time_ns())
+            out += [p for p in folder.glob("*.parquet")
+                    if (named := shard_partition(p)) is not None and named[0] != self.partition]
+        return out
 
 
 def has_shards(data_dir: Path, scenario: str, table: str) -> bool:

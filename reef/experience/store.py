@@ -88,7 +88,7 @@ class ExperienceStore:
         self._indexed: set[str] = set()  # shards read into the index from disk
         self._refresh_lock = threading.Lock()
         self._refresh_started = 0.0  # time.monotonic() the latest look at other partitions' shards began
-        self._listed: dict[Path, tuple[int, int]] = {}  # shard folder -> (its mtime, when listed), in ns
+        self._watch = shards.ShardWatch(self.data_dir, self.partition)
         # Called with (table, shards) for the other partitions' shards a refresh indexed: the gateway
         # learns their sessions from them (reef.server.seed_sessions).
         self.on_their_shards: Callable[[str, list[Path]], None] | None = None
@@ -217,33 +217,13 @@ class ExperienceStore:
                 return
             self._refresh_started = time.monotonic()
             for table in _KEYS:
-                theirs = [p for folder in self._changed(table) for p in folder.glob("*.parquet")
-                          if (named := shards.shard_partition(p)) is not None and named[0] != self.partition
-                          and str(p) not in self._indexed]
+                theirs = [p for p in self._watch.new_shards(table) if str(p) not in self._indexed]
                 self._index_shards(table, theirs)
                 if theirs and self.on_their_shards is not None:
                     try:
                         self.on_their_shards(table, theirs)
                     except Exception:  # what it feeds is a convenience; the index is what must hold
                         log.exception("on_their_shards failed for %d shards of %s", len(theirs), table)
-
-    def _changed(self, table: str) -> list[Path]:
-        """The scenarios' `table` folders that may hold shards not looked at yet. A shard renamed in
-        changes its folder's mtime, so a folder is listed again only then (a long-lived data dir
-        holds many thousands of shards; listing them all every round would cost a core's share), or
-        while its mtime is too recent to tell two renames in one clock tick apart."""
-        out = []
-        for folder in shards.table_dirs(self.data_dir, table):
-            try:
-                mtime = folder.stat().st_mtime_ns
-            except FileNotFoundError:
-                continue
-            seen = self._listed.get(folder)
-            if seen is not None and seen[0] == mtime and seen[1] - mtime > 1_000_000_000:
-                continue
-            self._listed[folder] = (mtime, time.time_ns())
-            out.append(folder)
-        return out
 
     # --- appending ---------------------------------------------------------------------------
 
