@@ -50,9 +50,11 @@ def ensure_default_model(config: ServeConfig) -> None:
         convert(DEFAULT_MODEL)
 
 
-def seed_sessions(index: SessionIndex, data_dir: Path) -> None:
-    """Rebuild session stitching from stored records, so conversations survive a restart."""
-    shards = list(DataDir(data_dir).experience().glob("*/records/*.parquet"))
+def seed_sessions(index: SessionIndex, data_dir: Path, shards: list[Path] | None = None) -> None:
+    """Rebuild session stitching from stored records, so conversations survive a restart; with
+    `shards`, from those only (another gateway's partition, flushed since: store.partition)."""
+    if shards is None:
+        shards = list(DataDir(data_dir).experience().glob("*/records/*.parquet"))
     if not shards:
         return
     frame = (
@@ -126,6 +128,8 @@ def serve(config: ServeConfig) -> None:
             learner = state.learner = Learner(config, plans, engine_url=base_url, engine_model=config.model_name,
                                               users_url=f"{loopback_url(config)}/metrics")
         seed_sessions(state.sessions, data_dir)
+        store.on_their_shards = lambda table, shards: (
+            seed_sessions(state.sessions, data_dir, shards) if table == "records" else None)
         if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("serving on %s with no api_keys: anyone who reaches it can call /v1 and report", config.host)
         app = create_server_app(state)

@@ -37,18 +37,11 @@ from reef.serving.follow import follow_heads, moved
 from reef.serving.publisher import Publisher
 from reef.serving.routing import Routes
 from tests.helpers.postgres import PostgresServer, postgres  # noqa: F401 - the session's server
+from tests.helpers.stand_in import StandInUpstream, fake_model
 
 pytestmark = pytest.mark.model_free
 
 SCENARIO = "demo"
-
-
-def fake_model(folder: Path) -> Path:
-    """A base model folder: the publisher imports and hashes it, and never loads it (no engine)."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text('{"model_type": "llama"}')
-    (folder / "model.safetensors").write_bytes(hashlib.sha256(b"weights").digest() * 64)
-    return folder
 
 
 @pytest.fixture
@@ -181,37 +174,10 @@ async def until(condition: object, timeout_s: float = 10.0) -> None:
 # --- two `reef serve` processes over HTTP ---------------------------------------------------
 
 
-class _Upstream(http.server.BaseHTTPRequestHandler):
-    """An OpenAI-compatible stand-in: healthy, one model, the same greedy reply to everything."""
-
-    protocol_version = "HTTP/1.1"
-
-    def _send(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self._send({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._send({"id": "c1", "object": "chat.completion", "created": 0, "model": "stand-in",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "ok"}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_two_reef_serve_gateways_one_postgres(tmp_path: Path, url: str) -> None:
     """Acceptance (issue 26): 50 concurrent publishers spread over two gateways on one PostgreSQL:
     one 201, 49 409; the release made through one is served by the other."""
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandInUpstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     model = fake_model(tmp_path / "model")
     env = {"REEF_STATE__URL": url, "REEF_STATE__POLL_S": "0.2", "REEF_ADMIN_TOKEN": "admin-token",

@@ -92,7 +92,7 @@ def test_segment_numbers_continue_across_restarts(tmp_path: Path) -> None:
     with ExperienceStore(tmp_path, MANUAL) as store:
         assert store.stats()["demo"].records == 30
         # Each id is indexed with its shard, so a read opens that one file.
-        assert store._index["records"]["rec_00025"][2] == 3
+        assert store._index["records"]["rec_00025"][2] == shards.shard_path(tmp_path, "demo", "records", 3)
         assert store.get_record("rec_00025") == make_record(25, created_at=store.get_record("rec_00025").created_at)
 
 

@@ -125,6 +125,12 @@ class StoreConfig(_Strict):
     fsync: bool = Field(default=True, description="fsync the WAL before acknowledging a record")
     flush_interval_s: float = Field(default=2.0, gt=0)
     flush_max_records: int = Field(default=5000, gt=0)
+    partition: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="this gateway's own experience partition, for several gateways on one data_dir: its own WAL "
+        "(wal/partitions/<partition>/) and shards (part-<partition>-<segment>.parquet); readers read every "
+        "partition. Unset: the one-gateway layout",
+    )
 
 
 class StateConfig(_Strict):

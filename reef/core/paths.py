@@ -65,8 +65,13 @@ class DataDir:
 
     @property
     def wal(self) -> Path:
-        """The experience store's write-ahead log."""
+        """The experience store's write-ahead log (one gateway's: `store.partition` unset)."""
         return self.root / "wal"
+
+    def store_wal(self, partition: str | None) -> Path:
+        """The write-ahead log of the gateway writing `partition` (`store.partition`): `wal/` for
+        none, else `wal/partitions/<partition>/` (a folder of its own: its segments and its lock)."""
+        return self.wal if partition is None else self.wal / "partitions" / partition
 
     @property
     def metrics(self) -> Path:

@@ -7,7 +7,10 @@ a `datasets.Dataset`.
     ds = exp.to_dataset()
 
 Only flushed shards are read (rows still in the WAL appear after the next flush, within
-`store.flush_interval_s`).
+`store.flush_interval_s`), of every partition: with several gateways on one data dir
+(`store.partition`), the union of what they all flushed. `data_dir` may be an fsspec URL
+(`s3://bucket/data`, `gs://...`, `file:///...`: the data dir copied or synced to an object store);
+with the filesystem's package installed (`s3fs`, `gcsfs`), `load` reads the shards there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import datasets
+import fsspec
 import polars as pl
 
 from reef.core.paths import DataDir
@@ -69,20 +73,34 @@ def release_seq(release_id: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def read_head_seq(data_dir: Path, scenario: str) -> int | None:
+def read_head_seq(data_dir: Path | str, scenario: str) -> int | None:
     """The seq of `<data_dir>/releases/<scenario>/HEAD`, if that file exists and names a release."""
-    head = DataDir(data_dir).releases(scenario) / "HEAD"
-    if not head.is_file():
+    if _is_url(data_dir):
+        fs, root = fsspec.core.url_to_fs(str(data_dir))
+        head = (DataDir(root).releases(scenario) / "HEAD").as_posix()
+        text = fs.cat_file(head).decode() if fs.isfile(head) else None
+    else:
+        path = DataDir(data_dir).releases(scenario) / "HEAD"
+        head, text = str(path), path.read_text() if path.is_file() else None
+    if text is None:
         return None
-    seq = release_seq(head.read_text())
+    seq = release_seq(text)
     if seq is None:
         log.warning("%s does not name a release (<scenario>@r<seq>); using the newest in the data", head)
     return seq
 
 
-def _scan(data_dir: Path, scenario: str, table: str, features: datasets.Features) -> pl.LazyFrame:
-    if shards.has_shards(data_dir, scenario, table):
-        return shards.scan(shards.shard_glob(data_dir, scenario, table), table)
+def _is_url(data_dir: Path | str) -> bool:
+    return isinstance(data_dir, str) and "://" in data_dir
+
+
+def _scan(data_dir: Path | str, scenario: str, table: str, features: datasets.Features) -> pl.LazyFrame:
+    if _is_url(data_dir):
+        fs, files = shards.url_shards(str(data_dir), scenario, table)
+        if files:
+            return shards.scan_files(fs, files, table)
+    elif shards.has_shards(Path(data_dir), scenario, table):
+        return shards.scan(shards.shard_glob(Path(data_dir), scenario, table), table)
     # scan_parquet refuses a glob matching nothing; an empty frame keeps the shard schema.
     empty = pl.from_arrow(features.arrow_schema.empty_table())
     assert isinstance(empty, pl.DataFrame)
@@ -111,7 +129,8 @@ def load(
     `is_duplicate` and `staleness` are computed over the whole scenario, before filtering, so a
     filter never turns a duplicate into an original.
     """
-    data_dir = Path(data_dir)
+    if not _is_url(data_dir):
+        data_dir = Path(data_dir)
     shards.validate_scenario(scenario)
     if head_seq is None:
         head_seq = read_head_seq(data_dir, scenario)

@@ -4,16 +4,25 @@ then moved to parquet shards in the background.
 A row lives in memory from its append until its shard exists, so reads never miss the window
 between the two; ids (with the hash the gateway checks retries against) are indexed in memory for
 the store's whole life, rebuilt on open from the shards.
+
+Several gateways on one data dir (issue 26) each open a store with their own `store.partition`: its
+own WAL folder and lock, its own shard names and `.tmp` folder (reef.experience.shards), so two of
+them never take each other's lock or write each other's files. Readers of the shards read every
+partition. A store indexes every partition's shards on open, and a partitioned one also indexes the
+shards the others flush later: after each of its own flush rounds, and at once when
+`locate_record` misses (a report through this gateway for a record another one recorded is found
+once that gateway has flushed it, within its `store.flush_interval_s`). A partitioned store that
+finds the one-gateway WAL (`wal/`) unlocked with segments in it, left by a crash before the data
+dir was shared, moves them into shards first, so switching a gateway to a partition loses nothing.
 """
 
 from __future__ import annotations
 
-import fcntl
+import asyncio
 import logging
-import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -69,11 +78,20 @@ class ExperienceStore:
     def __init__(self, data_dir: Path | str, config: StoreConfig | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.config = config or StoreConfig()
-        self._wal = WriteAheadLog(DataDir(self.data_dir).wal, fsync=self.config.fsync)
+        self.partition = shards.validate_partition(self.config.partition)
+        self._wal = WriteAheadLog(DataDir(self.data_dir).store_wal(self.partition), fsync=self.config.fsync)
         self._lock = threading.Lock()
         self._state: Literal["new", "open", "closing", "closed"] = "new"
-        # table -> id -> (scenario, hash, segment of the shard holding it; None while in memory)
-        self._index: dict[str, dict[str, tuple[str, str, int | None]]] = {t: {} for t in _KEYS}
+        # table -> id -> (scenario, hash, the shard holding it; None while in memory). One Path
+        # object per shard, shared by its rows.
+        self._index: dict[str, dict[str, tuple[str, str, Path | None]]] = {t: {} for t in _KEYS}
+        self._indexed: set[str] = set()  # shards read into the index from disk
+        self._refresh_lock = threading.Lock()
+        self._refresh_started = 0.0  # time.monotonic() the latest look at other partitions' shards began
+        self._watch = shards.ShardWatch(self.data_dir, self.partition)
+        # Called with (table, shards) for the other partitions' shards a refresh indexed: the gateway
+        # learns their sessions from them (reef.server.seed_sessions).
+        self.on_their_shards: Callable[[str, list[Path]], None] | None = None
         self._counts: dict[str, dict[str, int]] = {}  # scenario -> table -> rows
         self._mem: dict[tuple[str, str], dict[str, _Mem]] = {}  # (scenario, table) -> id -> row
         self._unflushed = 0
@@ -83,7 +101,6 @@ class ExperienceStore:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._lock_fd = -1
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -92,21 +109,20 @@ class ExperienceStore:
         with self._lock:
             if self._state != "new":
                 raise StoreClosedError(f"store is {self._state}; open() works once")
-        self._wal.directory.mkdir(parents=True, exist_ok=True)
-        self._take_dir_lock()
+        if not self._wal.try_lock():
+            hint = "" if self.partition else "; several gateways on one data dir: give each a store.partition"
+            raise RuntimeError(f"{self._wal.directory} is in use by another experience store{hint}")
         try:
-            shards.clean_tmp(self.data_dir)
-            recovered = self._wal.recover()
-            for seg in recovered:
-                if seg.entries:
-                    log.info("recovering %d entries from WAL segment %s", len(seg.entries), seg.path.name)
-                    self._write_segment(seg)
-                self._wal.remove(seg)
-            self._load_indexes()
-            first_seq = max([shards.max_shard_seq(self.data_dir), *(s.seq for s in recovered)]) + 1
+            shards.clean_tmp(self.data_dir, self.partition)
+            if self.partition is not None:
+                self._adopt_one_gateway_wal()
+            recovered = self._recover(self._wal, self.partition)
+            for table in _KEYS:
+                self._index_shards(table, shards.all_shards(self.data_dir, table))
+            first_seq = max([shards.max_shard_seq(self.data_dir, self.partition), *(s.seq for s in recovered)]) + 1
             self._wal.start(first_seq)
         except BaseException:
-            self._release_dir_lock()  # so that open() can be retried
+            self._wal.unlock()  # so that open() can be retried
             raise
         with self._lock:
             self._state = "open"
@@ -133,7 +149,7 @@ class ExperienceStore:
                     log.exception("final flush failed")
                 self._wal.close()
         finally:
-            self._release_dir_lock()
+            self._wal.unlock()
             with self._lock:
                 self._state = "closed"
 
@@ -145,38 +161,69 @@ class ExperienceStore:
     ) -> None:
         self.close()
 
-    def _take_dir_lock(self) -> None:
-        # Two stores appending to one WAL would interleave segments: refuse the second.
-        fd = os.open(self._wal.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    def _recover(self, wal: WriteAheadLog, partition: str | None) -> list[Segment]:
+        """Move what `wal` holds into `partition`'s shards, then delete its segments."""
+        recovered = wal.recover()
+        for seg in recovered:
+            if seg.entries:
+                log.info("recovering %d entries from WAL segment %s", len(seg.entries), seg.path)
+                self._write_segment(seg, partition)
+            wal.remove(seg)
+        return recovered
+
+    def _adopt_one_gateway_wal(self) -> None:
+        # The one-gateway WAL, when no store holds it: what a crash left there before this gateway
+        # took a partition. Its lock is held meanwhile, so a one-gateway store cannot open beside.
+        wal = WriteAheadLog(DataDir(self.data_dir).wal, fsync=self.config.fsync)
+        if not wal.segments_on_disk():
+            return
+        if not wal.try_lock():  # a one-gateway store writes it now: its own to recover
+            return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RuntimeError(f"{self.data_dir} is in use by another experience store") from None
-        self._lock_fd = fd
+            shards.clean_tmp(self.data_dir)
+            self._recover(wal, None)
+        finally:
+            wal.unlock()
 
-    def _release_dir_lock(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+    def _index_shards(self, table: str, files: Sequence[Path]) -> None:
+        """Index the rows of `files` whose ids are not indexed yet (the first one stays, as readers keep it)."""
+        files = [p for p in files if str(p) not in self._indexed]
+        if not files:
+            return
+        df = shards.read_keys(files, *_KEYS[table])
+        by_name = {str(p): p for p in files}
+        ids, scenarios, hashes, paths = (df[c].to_list() for c in df.columns)
+        rows = zip(ids, zip(scenarios, hashes, (by_name[p] for p in paths), strict=True), strict=True)
+        with self._lock:
+            index = self._index[table]
+            if index:  # a look at other partitions' new shards: few rows, some maybe known
+                fresh = [(key, where) for key, where in rows if key not in index]
+                index.update(fresh)
+                counts: dict[str, int] = {}
+                for _, (scenario, _, _) in fresh:
+                    counts[scenario] = counts.get(scenario, 0) + 1
+            else:  # on open: every id is new, and there may be millions
+                index.update(rows)
+                counts = dict(df.group_by("scenario").len().iter_rows())
+            for scenario, n in counts.items():
+                self._counts.setdefault(scenario, {t: 0 for t in _KEYS})[table] += n
+            self._indexed.update(by_name)
 
-    def _load_indexes(self) -> None:
-        for table, (id_col, hash_col) in _KEYS.items():
-            files = shards.all_shards(self.data_dir, table)
-            if not files:
-                continue
-            df = (
-                pl.scan_parquet([str(p) for p in files], include_file_paths="_path")
-                .select(id_col, "scenario", hash_col, "_path")
-                .unique(id_col, keep="first")  # a shard written twice repeats ids
-                .collect()
-            )
-            seqs = {str(p): shards.shard_seq(p) for p in files}
-            ids, scenarios, hashes, paths = (df[c].to_list() for c in (id_col, "scenario", hash_col, "_path"))
-            where = zip(scenarios, hashes, (seqs[p] for p in paths), strict=True)
-            self._index[table].update(zip(ids, where, strict=True))
-            for scenario, n in df.group_by("scenario").len().iter_rows():
-                self._counts.setdefault(scenario, {t: 0 for t in _KEYS})[table] = n
+    def refresh(self) -> None:
+        """Index the shards other partitions flushed since the last look (a partitioned store)."""
+        asked = time.monotonic()
+        with self._refresh_lock:
+            if self._refresh_started > asked:  # a look that began after this call covered it
+                return
+            self._refresh_started = time.monotonic()
+            for table in _KEYS:
+                theirs = [p for p in self._watch.new_shards(table) if str(p) not in self._indexed]
+                self._index_shards(table, theirs)
+                if theirs and self.on_their_shards is not None:
+                    try:
+                        self.on_their_shards(table, theirs)
+                    except Exception:  # what it feeds is a convenience; the index is what must hold
+                        log.exception("on_their_shards failed for %d shards of %s", len(theirs), table)
 
     # --- appending ---------------------------------------------------------------------------
 
@@ -277,6 +324,16 @@ class ExperienceStore:
         where = self._index["records"].get(record_id)
         return None if where is None else where[:2]
 
+    async def locate_record(self, record_id: str) -> tuple[str, str] | None:
+        """`record_index`, and for a partitioned store that does not know the id, the same after a
+        look at the shards the other partitions flushed since its last look: a record another
+        gateway recorded is found once that gateway flushed it."""
+        where = self.record_index(record_id)
+        if where is None and self.partition is not None:
+            await asyncio.to_thread(self.refresh)
+            where = self.record_index(record_id)
+        return where
+
     def report_index(self, report_id: str) -> tuple[str, str] | None:
         """(scenario, content_hash) of a stored report, or None."""
         where = self._index["reports"].get(report_id)
@@ -297,13 +354,12 @@ class ExperienceStore:
             where = self._index[table].get(key)
             if where is None:
                 return None
-            scenario, _, seq = where
+            scenario, _, path = where
             mem = self._mem.get((scenario, table), {}).get(key)
         if mem is not None:
             return TABLES[table][0].model_validate_json(mem.row)  # type: ignore[return-value]
         # Not in memory any more means its shard was in place before it was dropped from memory;
         # knowing which shard keeps a read at one file however many the scenario has.
-        path = shards.shard_path(self.data_dir, scenario, table, seq) if seq is not None else None
         if path is not None and path.exists():
             source = str(path)
         elif shards.has_shards(self.data_dir, scenario, table):
@@ -364,7 +420,7 @@ class ExperienceStore:
             # Oldest first; a segment whose shards failed stays here and is retried next time.
             while self._rotated:
                 seg = self._rotated[0]
-                self._write_segment(seg)
+                self._write_segment(seg, self.partition)
                 self._wal.remove(seg)
                 self._forget(seg)
                 self._rotated.pop(0)
@@ -381,8 +437,13 @@ class ExperienceStore:
             except Exception:
                 log.exception("flush failed; the rows stay in the WAL and memory, retrying")
                 self._stopping.wait(interval)
+            if self.partition is not None:
+                try:
+                    self.refresh()
+                except Exception:  # a shard being replaced, a mount away: the next round looks again
+                    log.exception("indexing other partitions' shards failed; retrying")
 
-    def _write_segment(self, seg: Segment) -> None:
+    def _write_segment(self, seg: Segment, partition: str | None) -> None:
         groups: dict[tuple[str, str], list[bytes]] = {}
         for e in seg.entries:
             if e.tag is not None:
@@ -393,9 +454,11 @@ class ExperienceStore:
                     continue
             groups.setdefault((scenario, e.table), []).append(e.row)
         for (scenario, table), rows in groups.items():
-            shards.write_shard(self.data_dir, scenario, table, seg.seq, rows, fsync=self.config.fsync)
+            shards.write_shard(self.data_dir, scenario, table, seg.seq, rows, fsync=self.config.fsync,
+                               partition=partition)
 
     def _forget(self, seg: Segment) -> None:
+        paths: dict[tuple[str, str], Path] = {}
         with self._lock:
             for e in seg.entries:
                 if e.tag is None:
@@ -406,7 +469,11 @@ class ExperienceStore:
                 if rows is not None and rows.get(key) is mem:
                     del rows[key]
                     where = self._index[e.table][key]
-                    self._index[e.table][key] = (where[0], where[1], seg.seq)
+                    path = paths.get((scenario, e.table))
+                    if path is None:
+                        path = paths[(scenario, e.table)] = shards.shard_path(
+                            self.data_dir, scenario, e.table, seg.seq, self.partition)
+                    self._index[e.table][key] = (where[0], where[1], path)
                 self._unflushed -= 1
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import logging
 import os
 import threading
@@ -148,6 +149,28 @@ class WriteAheadLog:
         self._size = 0  # bytes of the current segment that hold whole, synced batches
         self._thread: threading.Thread | None = None
         self.writes = 0  # write+sync rounds so far: appends / writes is the group-commit factor
+        self._lock_fd = -1
+
+    # --- the folder's lock -------------------------------------------------------------------
+
+    def try_lock(self) -> bool:
+        """Take the folder's exclusive lock (`LOCK`, flock: the kernel drops it when the process
+        dies); False when another holder has it. Two writers appending to one log would interleave
+        segments: whoever writes or recovers it holds this first."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ class ScenarioAdmission:
 
         data = DataDir(config.data_dir)
         on_disk = [p.name for folder in (data.experience(), data.releases()) if folder.is_dir()
-                   for p in folder.iterdir() if p.is_dir()]
+                   for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]  # not .tmp*
         return cls(config.limits, [*all_scenarios(config), *stored, *on_disk])
 
     def admit(self, scenario: str) -> None:

@@ -32,7 +32,7 @@ async def find(st: GatewayState, response: str, scenario: str) -> tuple[Record, 
     for record_id in wire.record_ids(response):
         if st.inflight.get(record_id) is not None:
             await st.inflight.wait(record_id, st.config.request_timeout_s)
-        known = st.store.record_index(record_id)
+        known = await st.store.locate_record(record_id)
         if known is None or known[0] != scenario:
             continue
         record = st.store.get_record(record_id)

@@ -27,6 +27,7 @@ async def _get(request: Request, record_id: str) -> dict[str, Any]:
     key = auth.data_key(st.config, request, None)
     if st.inflight.get(record_id) is not None:
         await st.inflight.wait(record_id, st.config.report_wait_s)
+    await st.store.locate_record(record_id)  # another partition's, flushed since this store last looked
     record = st.store.get_record(record_id)
     if record is None or not _visible(key, record.scenario):
         raise ReefError(404, f"no record {record_id}", param="record_id", code="record_not_found")

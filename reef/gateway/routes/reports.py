@@ -200,7 +200,8 @@ async def report(body: ReportIn, request: Request) -> ReportReceipt:
     for record_id in named:
         if st.inflight.get(record_id) is not None:
             await st.inflight.wait(record_id, st.config.report_wait_s)
-        where = st.store.record_index(record_id)
+        # With store.partition: also a record another gateway on this data dir recorded and flushed.
+        where = await st.store.locate_record(record_id)
         # A record of another scenario is reported as unknown: scenarios do not see each other.
         if where is None or where[0] != scenario:
             raise ReefError(404, f"no record {record_id} in scenario {scenario!r}", param="agent_record_id",

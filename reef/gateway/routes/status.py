@@ -57,6 +57,7 @@ async def status(request: Request) -> dict[str, Any]:
         "uptime_s": round(time.time() - st.started_at, 3),
         "model": st.config.model_name,
         "in_flight": len(st.inflight),
+        "partition": st.store.partition,  # the experience partition this gateway writes (store.partition)
         "engine": engine,
         "learner": st.learner.describe() if st.learner else {"enabled": False},
         "scenarios": scenarios,
