@@ -31,6 +31,7 @@ BENCHES: dict[str, list[str]] = {
     "cpu_lora_fix": ["bench/cpu_lora_fix.py"],
     "engine_speed": ["bench/engine_speed.py"],
     "engine_threads": ["bench/engine_threads.py"],
+    "lora_ops": ["bench/lora_ops.py", "--against", "edd4b4e"],
     "learning": ["bench/learning.py", "--examples", "sentiment,reviews,shop,orders"],
     "learning_tiny": ["bench/learning_tiny.py", "--scenarios", "demo-add"],
     "learning_online_rl": ["bench/learning_tiny.py", "--scenarios", "demo-add", "--recipe", "online_rl",

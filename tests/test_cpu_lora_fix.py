@@ -9,6 +9,8 @@ import pytest
 import torch
 import vllm.lora.ops.torch_ops.lora_ops as ops
 import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reef.engine import cpu_lora_fix as fix
 
@@ -79,3 +81,43 @@ def test_grouped_ops_equal_the_per_token_gather(idx: list[int]) -> None:
         fix.bgmv_expand_slice(y, b, out, ind, 2, 16, add_inputs=add)
         assert torch.allclose(out[:, 2:18], (1.0 if add else 0.0) + _per_token(y, b, ind), atol=1e-5)
         assert torch.equal(out[:, :2], torch.ones(n, 2)) and torch.equal(out[:, 18:], torch.ones(n, 2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(idx=st.lists(st.integers(-1, 3), min_size=1, max_size=10), scaling=st.floats(0.1, 2.0),
+       pad=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_grouped_ops_equal_the_per_token_gather_for_any_layout(idx: list[int], scaling: float, pad: int,
+                                                               seed: int) -> None:
+    """Any mix of slots, contiguous or interleaved, base rows or none, outputs wider than the
+    adapter (padding), a cached layout seen again: the same as the per-token gather."""
+    torch.manual_seed(seed)
+    ind, n = torch.tensor(idx), len(idx)
+    x, a = torch.randn(n, 16), torch.randn(4, 1, 8, 16)
+    for _ in range(2):  # the second call takes the layout from the cache
+        got = torch.full((n, 8 + pad), float("nan"))
+        fix.bgmv_shrink(x, a, got, ind, scaling)
+        assert torch.allclose(got[:, :8], scaling * _per_token(x, a, ind), atol=1e-5)
+        assert got[:, 8:].isnan().all(), "columns past the adapter's rank are not the op's"
+
+    y, b = torch.randn(n, 8), torch.randn(4, 1, 16, 8)
+    for add in (True, False):
+        start = torch.randn(n, 16 + pad)
+        out = start.clone()
+        fix.bgmv_expand(y, b, out, ind, add_inputs=add)
+        assert torch.allclose(out[:, :16], (start[:, :16] if add else 0.0) + _per_token(y, b, ind), atol=1e-5)
+        assert torch.equal(out[:, 16:], start[:, 16:])
+        out = start.clone()
+        fix.bgmv_expand_slice(y, b[:, :, : 16 - pad], out, ind, pad, 16 - pad, add_inputs=add)
+        want = (start[:, pad:16] if add else 0.0) + _per_token(y, b[:, :, : 16 - pad], ind)
+        assert torch.allclose(out[:, pad:16], want, atol=1e-5)
+        assert torch.equal(out[:, :pad], start[:, :pad]) and torch.equal(out[:, 16:], start[:, 16:])
+
+
+def test_one_index_over_several_rows_broadcasts_the_first_row_as_vllm_does() -> None:
+    """vLLM's expand with a single index and several output rows adds row 0's delta to every row."""
+    torch.manual_seed(2)
+    y, b = torch.randn(3, 8), torch.randn(4, 1, 16, 8)
+    start = torch.randn(3, 16)
+    out = start.clone()
+    fix.bgmv_expand(y, b, out, torch.tensor([2]), add_inputs=True)
+    assert torch.allclose(out, start + (y[:1] @ b[2, 0].T), atol=1e-5)
