@@ -87,6 +87,7 @@ class Load:
     failures: list[tuple[float, str, str]] = field(default_factory=list)  # (when, what, the gateway's url)
     successes: list[float] = field(default_factory=list)
     cross_sent: int = 0  # reports sent through `other`
+    cross_acked: int = 0  # of those, acknowledged
     cross_waits: list[float] = field(default_factory=list)  # of those first answered 404: seconds until found
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -134,6 +135,7 @@ class Load:
                         self._fail(f"report {r.status_code}", at)
                         continue
                     self.acked_reports.append((report_id, record_id))
+                    self.cross_acked += at != self.url
                     self.successes.append(time.monotonic())
                 except httpx.HTTPError as exc:
                     self._fail(type(exc).__name__, at)
@@ -323,9 +325,11 @@ def gateways_kill(work: Path, clients: int, seconds: float) -> list[str]:
     on_dead = sum(len(load.failed_since(fault_at, killed.url)) for load in loads)
     on_restarted = sum(len(load.failed_since(restarted_at + back, killed.url)) for load in loads)
     waits = [w for load in loads for w in load.cross_waits]
-    cross = (f"; {sum(load.cross_sent for load in loads)} of {len(reports)} reports sent through the other "
-             f"gateway (each client's every {CROSS_EVERY}th), {len(waits)} of them answered 404 record_not_found "
-             f"first and retried" + (f" (longest {max(waits):.1f} s)" if waits else ""))
+    cross = (f"; {sum(load.cross_acked for load in loads)} of the {len(reports)} acknowledged reports went through "
+             f"the other gateway (each client's every {CROSS_EVERY}th report, "
+             f"{sum(load.cross_sent for load in loads)} sent), {len(waits)} first answered 404 record_not_found "
+             "(the record not flushed yet by the one that recorded it) and were retried"
+             + (f", waiting {max(waits):.1f} s at most" if waits else ""))
     return ["gateway kill, second alive (kill -9 one of 2 reef serve on one PostgreSQL and one data dir, "
             "a store.partition each)",
             f"{len(failed)} on the survivor ({', '.join(sorted(set(failed))) or '-'}); {on_dead} sent to the killed "
