@@ -69,12 +69,23 @@ console = Console()
 
 
 @dataclass
+class _Cross:
+    """A report a client sends through the other gateway: due when, first sent when, retried."""
+
+    body: dict
+    due: float = 0.0
+    first: float = 0.0
+    retried: bool = False
+
+
+@dataclass
 class Load:
     """Client threads: each sends a chat, then reports on it; remembers what was acknowledged.
 
     With `other` (a second gateway on the same data dir), every `cross_every`-th report of a client
-    goes through `other` instead: a 404 `record_not_found` there (the record not flushed by the gateway
-    that recorded it yet) is retried, as the scale-out page tells clients to, for up to `CROSS_WAIT_S`."""
+    goes through `other` instead, while the client goes on: a 404 `record_not_found` there (the record
+    not flushed by the gateway that recorded it yet) is retried, as the scale-out page tells clients
+    to, for up to `CROSS_WAIT_S`."""
 
     url: str
     clients: int
@@ -109,50 +120,65 @@ class Load:
 
     def _run(self, worker: int) -> None:
         n = 0
+        pending: list[_Cross] = []  # reports to go through `other`
         with httpx.Client(base_url=self.url, timeout=60, headers={"x-reef-scenario": self.scenario}) as http:
             while not self._stop.is_set():
                 n += 1
-                at = self.url
                 try:
-                    r = http.post("/v1/chat/completions", json={
-                        "model": MODEL, "max_tokens": 8,
-                        "messages": [{"role": "user", "content": f"What is {worker} + {n % 10}?"}]})
-                    if r.status_code != 200:
-                        self._fail(f"chat {r.status_code}", at)
-                        continue
-                    record_id = r.headers["x-reef-agent-record-id"]
-                    self.acked_records.append(record_id)
-                    report_id = f"rep-{worker}-{n}-{time.monotonic_ns()}"
-                    body = {"agent_record_id": record_id, "score": 1.0, "report_id": report_id,
-                            "feedback": self.feedback}
-                    if self.other is not None and self.cross_every and n % self.cross_every == 0:
-                        at = self.other
-                        self.cross_sent += 1
-                        r = self._cross_report(http, body)
-                    else:
-                        r = http.post("/reef/report", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"report {r.status_code}", at)
-                        continue
-                    self.acked_reports.append((report_id, record_id))
-                    self.cross_acked += at != self.url
-                    self.successes.append(time.monotonic())
+                    self._chat_and_report(http, worker, n, pending)
                 except httpx.HTTPError as exc:
-                    self._fail(type(exc).__name__, at)
-                    time.sleep(0.05)
+                    self._fail(type(exc).__name__, self.url)
+                self._send_cross(http, pending)
+            while pending:  # stopped: what is still to go through the other gateway
+                time.sleep(CROSS_RETRY_S)
+                self._send_cross(http, pending)
 
-    def _cross_report(self, http: httpx.Client, body: dict) -> httpx.Response:
-        started, retried = time.monotonic(), False
-        while True:
-            r = http.post(f"{self.other}/reef/report", json=body)
-            waited = time.monotonic() - started
-            if r.status_code == 404 and r.json()["error"].get("code") == "record_not_found" and waited < CROSS_WAIT_S:
-                retried = True
-                time.sleep(0.1)
+    def _chat_and_report(self, http: httpx.Client, worker: int, n: int, pending: list[_Cross]) -> None:
+        question = f"What is {worker} + {n % 10}?"
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": question}]})
+        if r.status_code != 200:
+            self._fail(f"chat {r.status_code}", self.url)
+            return
+        record_id = r.headers["x-reef-agent-record-id"]
+        self.acked_records.append(record_id)
+        report_id = f"rep-{worker}-{n}-{time.monotonic_ns()}"
+        body = {"agent_record_id": record_id, "score": 1.0, "report_id": report_id, "feedback": self.feedback}
+        if self.other is not None and self.cross_every and n % self.cross_every == 0:
+            pending.append(_Cross(body))  # sent after this, without waiting on it
+            self.cross_sent += 1
+        else:
+            r = http.post("/reef/report", json=body)
+            if r.status_code != 200:
+                self._fail(f"report {r.status_code}", self.url)
+                return
+            self.acked_reports.append((report_id, record_id))
+        self.successes.append(time.monotonic())
+
+    def _send_cross(self, http: httpx.Client, pending: list[_Cross]) -> None:
+        """Send each pending report that is due through `other`; one answered 404 record_not_found
+        (not flushed by the gateway that recorded it yet) is tried again `CROSS_RETRY_S` later, for
+        up to `CROSS_WAIT_S`, while the client goes on with its chats."""
+        now = time.monotonic()
+        for cross in [c for c in pending if c.due <= now]:
+            pending.remove(cross)
+            cross.first = cross.first or now
+            try:
+                r = http.post(f"{self.other}/reef/report", json=cross.body)
+            except httpx.HTTPError as exc:
+                self._fail(type(exc).__name__, str(self.other))
                 continue
-            if retried:
-                self.cross_waits.append(waited)
-            return r
+            if (r.status_code == 404 and r.json()["error"].get("code") == "record_not_found"
+                    and now - cross.first < CROSS_WAIT_S):
+                cross.retried, cross.due = True, now + CROSS_RETRY_S
+                pending.append(cross)
+            elif r.status_code != 200:
+                self._fail(f"report {r.status_code}", str(self.other))
+            else:
+                self.acked_reports.append((cross.body["report_id"], cross.body["agent_record_id"]))
+                self.cross_acked += 1
+                if cross.retried:
+                    self.cross_waits.append(time.monotonic() - cross.first)
 
     def _fail(self, what: str, url: str) -> None:
         self.failures.append((time.monotonic(), what, url))
@@ -260,6 +286,7 @@ def gateway_kill(engine_url: str, work: Path, clients: int, seconds: float) -> l
 
 CROSS_EVERY = 4  # in the gateways row, each client's every 4th report goes through the other gateway
 CROSS_WAIT_S = 60.0  # how long a client retries a report the other gateway answers 404 record_not_found
+CROSS_RETRY_S = 0.2  # and how often
 
 
 def gateways_kill(work: Path, clients: int, seconds: float) -> list[str]:
