@@ -10,11 +10,13 @@ Rows (each with `--clients` threads sending JSON chats, each with a report, all 
                 again (restarted by its supervisor, brought in step with the releases)
 - gateway kill: `kill -9` of a `reef serve` (in front of that engine), then started again
 - gateway kill, second alive: two `reef serve` on one PostgreSQL (`state.url`, a server `initdb`ed
-                for the row) in front of a stand-in engine, each with its own data dir and half the
-                clients; `kill -9` of one. Failed requests are counted on the survivor (target: 0);
-                the killed one's acknowledged records are looked up once it is started again, and
-                every acknowledged report, through either, is sent again to the survivor (the keys
-                are in PostgreSQL: each must come back a duplicate)
+                for the row) and one shared data dir, each its own `store.partition`, in front of a
+                stand-in engine, with half the clients each; every 4th report of a client goes
+                through the other gateway (retried while that one answers 404 record_not_found:
+                the record not flushed yet). `kill -9` of one, started again (same partition) under
+                the load. Failed requests are counted on the survivor (target: 0); acknowledged
+                records and reports are looked up in the union of both partitions
+                (`reef.experience.load` over the shared data dir) once both are stopped
 - disk full:    the WAL on a 1 MB tmpfs (needs root or sudo) filled by large reports
 - learner kill: `kill -9` of a `reef serve` with the learner on while a round trains, then started
                 again; also: records trained twice (ledger) and records of the killed round that
@@ -67,17 +69,37 @@ console = Console()
 
 
 @dataclass
+class _Cross:
+    """A report a client sends through the other gateway: due when, first sent when, retried."""
+
+    body: dict
+    due: float = 0.0
+    first: float = 0.0
+    retried: bool = False
+
+
+@dataclass
 class Load:
-    """Client threads: each sends a chat, then reports on it; remembers what was acknowledged."""
+    """Client threads: each sends a chat, then reports on it; remembers what was acknowledged.
+
+    With `other` (a second gateway on the same data dir), every `cross_every`-th report of a client
+    goes through `other` instead, while the client goes on: a 404 `record_not_found` there (the record
+    not flushed by the gateway that recorded it yet) is retried, as the scale-out page tells clients
+    to, for up to `CROSS_WAIT_S`."""
 
     url: str
     clients: int
     feedback: str = ""
     scenario: str = S
+    other: str | None = None
+    cross_every: int = 0
     acked_records: list[str] = field(default_factory=list)
     acked_reports: list[tuple[str, str]] = field(default_factory=list)  # (report id, record id)
-    failures: list[tuple[float, str]] = field(default_factory=list)
+    failures: list[tuple[float, str, str]] = field(default_factory=list)  # (when, what, the gateway's url)
     successes: list[float] = field(default_factory=list)
+    cross_sent: int = 0  # reports sent through `other`
+    cross_acked: int = 0  # of those, acknowledged
+    cross_waits: list[float] = field(default_factory=list)  # of those first answered 404: seconds until found
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -90,43 +112,83 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(timeout=60)
+            t.join(timeout=CROSS_WAIT_S + 60)
+
+    def failed_since(self, at: float, url: str | None = None) -> list[str]:
+        """What failed from `at` on (at `url` only, when given)."""
+        return [what for t, what, where in self.failures if t >= at and url in (None, where)]
 
     def _run(self, worker: int) -> None:
         n = 0
+        pending: list[_Cross] = []  # reports to go through `other`
         with httpx.Client(base_url=self.url, timeout=60, headers={"x-reef-scenario": self.scenario}) as http:
             while not self._stop.is_set():
                 n += 1
                 try:
-                    r = http.post("/v1/chat/completions", json={
-                        "model": MODEL, "max_tokens": 8,
-                        "messages": [{"role": "user", "content": f"What is {worker} + {n % 10}?"}]})
-                    if r.status_code != 200:
-                        self._fail(f"chat {r.status_code}")
-                        continue
-                    record_id = r.headers["x-reef-agent-record-id"]
-                    self.acked_records.append(record_id)
-                    report_id = f"rep-{worker}-{n}-{time.monotonic_ns()}"
-                    r = http.post("/reef/report", json={"agent_record_id": record_id, "score": 1.0,
-                                                        "report_id": report_id, "feedback": self.feedback})
-                    if r.status_code != 200:
-                        self._fail(f"report {r.status_code}")
-                        continue
-                    self.acked_reports.append((report_id, record_id))
-                    self.successes.append(time.monotonic())
+                    self._chat_and_report(http, worker, n, pending)
                 except httpx.HTTPError as exc:
-                    self._fail(type(exc).__name__)
-                    time.sleep(0.05)
+                    self._fail(type(exc).__name__, self.url)
+                self._send_cross(http, pending)
+            while pending:  # stopped: what is still to go through the other gateway
+                time.sleep(CROSS_RETRY_S)
+                self._send_cross(http, pending)
 
-    def _fail(self, what: str) -> None:
-        self.failures.append((time.monotonic(), what))
+    def _chat_and_report(self, http: httpx.Client, worker: int, n: int, pending: list[_Cross]) -> None:
+        question = f"What is {worker} + {n % 10}?"
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": question}]})
+        if r.status_code != 200:
+            self._fail(f"chat {r.status_code}", self.url)
+            return
+        record_id = r.headers["x-reef-agent-record-id"]
+        self.acked_records.append(record_id)
+        report_id = f"rep-{worker}-{n}-{time.monotonic_ns()}"
+        body = {"agent_record_id": record_id, "score": 1.0, "report_id": report_id, "feedback": self.feedback}
+        if self.other is not None and self.cross_every and n % self.cross_every == 0:
+            pending.append(_Cross(body))  # sent after this, without waiting on it
+            self.cross_sent += 1
+        else:
+            r = http.post("/reef/report", json=body)
+            if r.status_code != 200:
+                self._fail(f"report {r.status_code}", self.url)
+                return
+            self.acked_reports.append((report_id, record_id))
+        self.successes.append(time.monotonic())
+
+    def _send_cross(self, http: httpx.Client, pending: list[_Cross]) -> None:
+        """Send each pending report that is due through `other`; one answered 404 record_not_found
+        (not flushed by the gateway that recorded it yet) is tried again `CROSS_RETRY_S` later, for
+        up to `CROSS_WAIT_S`, while the client goes on with its chats."""
+        now = time.monotonic()
+        for cross in [c for c in pending if c.due <= now]:
+            pending.remove(cross)
+            cross.first = cross.first or now
+            try:
+                r = http.post(f"{self.other}/reef/report", json=cross.body)
+            except httpx.HTTPError as exc:
+                self._fail(type(exc).__name__, str(self.other))
+                continue
+            if (r.status_code == 404 and r.json()["error"].get("code") == "record_not_found"
+                    and now - cross.first < CROSS_WAIT_S):
+                cross.retried, cross.due = True, now + CROSS_RETRY_S
+                pending.append(cross)
+            elif r.status_code != 200:
+                self._fail(f"report {r.status_code}", str(self.other))
+            else:
+                self.acked_reports.append((cross.body["report_id"], cross.body["agent_record_id"]))
+                self.cross_acked += 1
+                if cross.retried:
+                    self.cross_waits.append(time.monotonic() - cross.first)
+
+    def _fail(self, what: str, url: str) -> None:
+        self.failures.append((time.monotonic(), what, url))
         time.sleep(0.05)
 
     def recovered_after(self, fault_at: float, timeout_s: float = 600) -> float | None:
         """Seconds from the fault to the first success after the last failure following it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            failed = [t for t, _ in self.failures if t >= fault_at]
+            failed = [t for t, _, _ in self.failures if t >= fault_at]
             if failed:
                 after = [t for t in self.successes if t > failed[-1]]
                 if after and time.monotonic() - after[0] > 2.0:  # and it stays up for 2 s
@@ -152,9 +214,9 @@ def lost(url: str, load: Load, records_url: str | None = None) -> int:
 
 def row(name: str, load: Load, fault_at: float, recovered: float | None, url: str, lost_note: str = "",
         recover_note: str = "") -> list[str]:
-    failed = len([t for t, _ in load.failures if t >= fault_at])
-    kinds = sorted({what for t, what in load.failures if t >= fault_at})
-    return [name, f"{failed} ({', '.join(kinds) or '-'})", f"{lost(url, load)}{lost_note}",
+    failed = load.failed_since(fault_at)
+    kinds = sorted(set(failed))
+    return [name, f"{len(failed)} ({', '.join(kinds) or '-'})", f"{lost(url, load)}{lost_note}",
             (f"{recovered:.1f} s" if recovered is not None else "never") + recover_note]
 
 
@@ -222,54 +284,87 @@ def gateway_kill(engine_url: str, work: Path, clients: int, seconds: float) -> l
         gw.stop()
 
 
+CROSS_EVERY = 4  # in the gateways row, each client's every 4th report goes through the other gateway
+CROSS_WAIT_S = 60.0  # how long a client retries a report the other gateway answers 404 record_not_found
+CROSS_RETRY_S = 0.2  # and how often
+
+
 def gateways_kill(work: Path, clients: int, seconds: float) -> list[str]:
-    """Two gateways on one PostgreSQL, `kill -9` of one (see the module's docstring). A session stays
-    on its gateway (as the load balancer must keep it while experience is per gateway: a report
-    names a record only the gateway that recorded it holds)."""
+    """Two gateways on one PostgreSQL and one data dir, each its own `store.partition`, `kill -9` of
+    one under load, then started again (same partition) while the load goes on (see the module's
+    docstring). Half the clients send their chats to each gateway; every `CROSS_EVERY`-th report of a
+    client goes through the other one (no sticky sessions: the shared data dir is what lets that
+    gateway find the record). What was acknowledged is counted afterwards in the union of both
+    partitions, as every reader sees it (`reef.experience.load` over the shared data dir)."""
+    from reef.experience import load as load_experience
+    from reef.experience import shards
+
     port = free_port()
     engine = replica_stand_in.start(port, "engine")
     try:
         with PostgresServer.start() as pg:
+            # Flushed each second: a report through the other gateway waits for the record's shard.
             env = {"REEF_SERVED_MODEL_NAME": MODEL, "REEF_STATE__URL": pg.create_database("faults"),
-                   "REEF_STORE__FLUSH_INTERVAL_S": "3600"}
+                   "REEF_STORE__FLUSH_INTERVAL_S": "1"}
             # The gateways never load the model (the stand-in answers): a folder they can hash as r0.
             model = work / "stand-in-model"
             model.mkdir()
             (model / "config.json").write_text('{"model_type": "llama"}')
             (model / "model.safetensors").write_bytes(os.urandom(2048))
             args = ["--upstream-url", f"http://127.0.0.1:{port}", "--model", str(model)]
-            killed, survivor = (ServeProcess(work / f"gateway-{name}", args, env) for name in ("a", "b"))
+            data = work / "gateways-data"  # shared
+            gateways = []
+            for name in ("a", "b"):
+                gw = ServeProcess(work / f"gateway-{name}", args, {**env, "REEF_STORE__PARTITION": name})
+                gw.data_dir, gw.log_path = data, data / "logs" / f"reef-serve-{name}.log"
+                gw.workdir.mkdir()
+                gateways.append(gw)
+            killed, survivor = gateways
             try:
                 killed.start()
                 survivor.start()
                 half = max(1, clients // 2)
-                with Load(killed.url, half) as on_killed, Load(survivor.url, half) as on_survivor:
+                with (Load(killed.url, half, other=survivor.url, cross_every=CROSS_EVERY) as on_killed,
+                      Load(survivor.url, half, other=killed.url, cross_every=CROSS_EVERY) as on_survivor):
                     time.sleep(seconds)
                     fault_at = time.monotonic()
                     killed.kill()
-                    time.sleep(seconds)  # the survivor alone under its load; the other half fails
+                    time.sleep(seconds)  # the survivor alone under its load; what is sent to the other fails
+                    restarted_at = time.monotonic()
+                    killed.start()  # the same partition: its WAL is flushed into its shards first
+                    back = time.monotonic() - restarted_at
+                    time.sleep(seconds)  # both again
                 first = min((t for t in on_survivor.successes if t > fault_at), default=None)
-                restarted_at = time.monotonic()
-                killed.start()  # to look up what it acknowledged: its data dir, its WAL
-                back = time.monotonic() - restarted_at
-                missing = (lost(survivor.url, on_killed, records_url=killed.url)
-                           + lost(survivor.url, on_survivor))
-                failed = [what for t, what in on_survivor.failures if t >= fault_at]
-                on_dead = len([t for t, _ in on_killed.failures if t >= fault_at])
-                return ["gateway kill, second alive (kill -9 one of 2 reef serve on one PostgreSQL)",
-                        f"{len(failed)} on the survivor ({', '.join(sorted(set(failed))) or '-'}); {on_dead} "
-                        "sent to the killed one",
-                        f"{missing} (of {len(on_killed.acked_records) + len(on_survivor.acked_records)} records, "
-                        f"{len(on_killed.acked_reports) + len(on_survivor.acked_reports)} reports)",
-                        (f"survivor: first success {first - fault_at:.1f} s after the kill" if first is not None
-                         else "survivor: never")
-                        + f"; the killed one restarted in {back:.1f} s"]
-            finally:
-                killed.stop()
+                killed.stop()  # both flush what their WAL holds
                 survivor.stop()
+                union = set(load_experience(S, data).collect()["record_id"])
+                stored = set(shards.scan(shards.shard_glob(data, S, "reports"), "reports").collect()["report_id"])
+            finally:
+                killed.kill()
+                survivor.kill()
     finally:
         engine.kill()
         engine.wait()
+    loads = (on_killed, on_survivor)
+    records = {r for load in loads for r in load.acked_records}
+    reports = {rep for load in loads for rep, _ in load.acked_reports}
+    failed = [what for load in loads for what in load.failed_since(fault_at, survivor.url)]
+    on_dead = sum(len(load.failed_since(fault_at, killed.url)) for load in loads)
+    on_restarted = sum(len(load.failed_since(restarted_at + back, killed.url)) for load in loads)
+    waits = [w for load in loads for w in load.cross_waits]
+    cross = (f"; {sum(load.cross_acked for load in loads)} of the {len(reports)} acknowledged reports went through "
+             f"the other gateway (each client's every {CROSS_EVERY}th report, "
+             f"{sum(load.cross_sent for load in loads)} sent), {len(waits)} first answered 404 record_not_found "
+             "(the record not flushed yet by the one that recorded it) and were retried"
+             + (f", waiting {max(waits):.1f} s at most" if waits else ""))
+    return ["gateway kill, second alive (kill -9 one of 2 reef serve on one PostgreSQL and one data dir, "
+            "a store.partition each)",
+            f"{len(failed)} on the survivor ({', '.join(sorted(set(failed))) or '-'}); {on_dead} sent to the killed "
+            f"one ({on_restarted} of them once it was back)" + cross,
+            f"{len(records - union)} of {len(records)} records, {len(reports - stored)} of {len(reports)} reports "
+            "(the union of both partitions, reef.experience.load)",
+            (f"survivor: first success {first - fault_at:.1f} s after the kill" if first is not None
+             else "survivor: never") + f"; the killed one restarted (same partition) in {back:.1f} s"]
 
 
 def disk_full(engine_url: str, work: Path, clients: int, seconds: float) -> list[str]:
@@ -338,7 +433,7 @@ def learner_kill(engine_url: str, work: Path, clients: int, seconds: float) -> l
         gone = len(in_flight - set(consumed["record_id"]) - set(waiting["record_id"]))
         ends = {r.round_id: r.state for r in RoundLog.for_data_dir(data, LEARN).rounds()}
         note = (f"; killed round ({len(in_flight)} records) {ends[killed['round_id']]}, next round "
-                f"{_round(gw.url)['state']} at {closed - fault_at:.1f} s")
+                f"{(_round(gw.url) or {}).get('state')} at {closed - fault_at:.1f} s")
         return row("learner kill (kill -9 reef serve mid-training, restart)", load, fault_at, recovered, gw.url,
                    f" (records trained twice: {twice}, in no candidate nor pending: {gone})", note)
     finally:

@@ -125,10 +125,15 @@ def test_a_gateway_serves_on_while_the_database_is_away(tmp_path: Path, postgres
     dead = f"postgresql://reef@127.0.0.1:{postgres.port + 1}/nowhere?connect_timeout=1"
     state = ReleaseState(tmp_path, dead)
 
+    class NoCanaries:
+        async def follow(self) -> None:
+            pass
+
     class Idle:
         def __init__(self) -> None:
             self.state = state
             self.routes = Routes("m")
+            self.canary = NoCanaries()
             self.follows = 0
 
         async def follow(self, scenario: str) -> None:

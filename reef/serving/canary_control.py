@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reef.config import ServeConfig
+from reef.core.statemachine import IllegalTransitionError
 from reef.engine.hold import EngineHold
 from reef.registry.candidates import CandidateRegistry
 from reef.registry.chain_api import Chain, HeadMovedError, NotSelectedError, ReleaseError
@@ -111,7 +112,9 @@ class CanaryController:
             await self.publisher.route(scenario, canary.head_release_id, None, by, {"canary": canary.public()},
                                        reason=reason)
         except HeadMovedError:
-            pass  # the release that moved the head ended the canary (on_release)
+            # The release that moved the head ended the canary: ours in on_release, or another
+            # gateway's, whose end this one reads from the log.
+            await self.refresh(scenario)
 
     # --- the rule ---------------------------------------------------------------------------
 
@@ -137,7 +140,13 @@ class CanaryController:
             if canary is None or verdict is None:
                 return
             if verdict == "promoted":
-                await asyncio.to_thread(self.log(scenario).append, canary, "promoting", canary.reason)
+                try:
+                    await asyncio.to_thread(self.log(scenario).append, canary, "promoting", canary.reason)
+                except IllegalTransitionError as exc:  # another gateway decided it first (state.url)
+                    log.info("%s: the canary of %s was decided by another gateway: %s", scenario,
+                             canary.candidate_id[:12], exc)
+                    await self.refresh(scenario)
+                    return
         if verdict == "aborted":
             log.warning("%s: canary of %s aborted: %s", scenario, canary.candidate_id[:12], canary.reason)
             await self._end_split(scenario, canary, canary.reason)
@@ -182,8 +191,43 @@ class CanaryController:
         canary = self.canaries.running.get(scenario)
         if canary is None:
             return None
-        self.log(scenario).append(canary, state, reason, release_id)
+        try:
+            self.log(scenario).append(canary, state, reason, release_id)
+        except IllegalTransitionError as exc:
+            # Another gateway ended it first (its release moved the head before this one's): the
+            # log's end stands, and the canary runs here no more either way.
+            log.warning("%s: the canary of %s was ended by another gateway: %s", scenario, canary.candidate_id[:12],
+                        exc)
+            _adopt(canary, self._logged(scenario, canary.canary_id))
         return self.canaries.end(scenario)
+
+    # --- another gateway (state.url) ----------------------------------------------------------
+
+    def _logged(self, scenario: str, canary_id: str) -> Canary | None:
+        return next((c for c in self.log(scenario).canaries() if c.canary_id == canary_id), None)
+
+    async def refresh(self, scenario: str) -> None:
+        """Bring the scenario's running canary in line with its log, where another gateway on the same
+        state database moved it: one that gateway ended stops running here (it shows as decided there),
+        and one it is promoting is no longer decided here. Only forward: a read older than this
+        gateway's own transition changes nothing."""
+        canary = self.canaries.running.get(scenario)
+        if canary is None:
+            return
+        logged = await asyncio.to_thread(self._logged, scenario, canary.canary_id)
+        if self.canaries.running.get(scenario) is not canary or not _adopt(canary, logged):
+            return
+        log.info("%s: the canary of %s is %s (moved by another gateway)", scenario, canary.candidate_id[:12],
+                 canary.state)
+        if canary.state in ("promoted", "aborted"):
+            self.canaries.end(scenario)
+
+    async def follow(self) -> None:
+        """The follow loop's poll (reef.serving.follow): each canary running here read again from its
+        log, so that one another gateway decided, promoted or ended is seen here within the poll
+        interval, as its heads are (one read per running canary)."""
+        for scenario in list(self.canaries.running):
+            await self.refresh(scenario)
 
     # --- restart ----------------------------------------------------------------------------
 
@@ -251,3 +295,14 @@ class CanaryController:
     def close(self) -> None:
         for task in self._tasks.values():
             task.cancel()
+
+
+def _adopt(canary: Canary, logged: Canary | None) -> bool:
+    """Move `canary` (this gateway's copy) forward to the state its log holds: to a final state, or
+    from running to promoting (another gateway's promotion). Whether it moved."""
+    if logged is None or logged.state == canary.state:
+        return False
+    if logged.state in ("promoted", "aborted") or (logged.state, canary.state) == ("promoting", "running"):
+        canary.state, canary.reason, canary.release_id = logged.state, logged.reason, logged.release_id
+        return True
+    return False

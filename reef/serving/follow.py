@@ -19,6 +19,10 @@ The bound: a release committed through gateway A serves on gateway B within `pol
 swap (the load and its canary request). Until then B serves the previous release, and its records
 say so (each carries the release that answered it): no request is answered by a release the chain
 does not name.
+
+Canaries the same way: each poll reads again the log of every canary running on this gateway (a
+canary is counted by the gateway that started it, or one restarted while it ran), so that one
+another gateway decided (promoting) or ended is seen here within `poll_s`, not at the next restart.
 """
 
 from __future__ import annotations
@@ -34,11 +38,20 @@ from reef.serving.routing import Routes
 log = logging.getLogger("reef.registry")
 
 
+class FollowsCanaries(Protocol):
+    """What the loop needs of the canary controller (reef.serving.canary_control.CanaryController)."""
+
+    async def follow(self) -> None: ...
+
+
 class Follows(Protocol):
     """What the loop needs of the publisher (reef.serving.publisher.Publisher)."""
 
     state: ReleaseState
     routes: Routes
+
+    @property
+    def canary(self) -> FollowsCanaries: ...
 
     async def follow(self, scenario: str) -> Release | None: ...
 
@@ -52,12 +65,14 @@ async def moved(publisher: Follows) -> list[str]:
 
 
 async def follow_heads(publisher: Follows, interval_s: float) -> None:
-    """Until cancelled: every `interval_s`, serve each head another gateway moved."""
+    """Until cancelled: every `interval_s`, serve each head another gateway moved, and read again
+    the canaries running here (one another gateway decided or ended is seen here the same way)."""
     failing = False
     while True:
         try:
             for scenario in await moved(publisher):
                 await publisher.follow(scenario)
+            await publisher.canary.follow()
             failing = False
         except Exception as exc:  # noqa: BLE001 - the database is away: serve on, read again next time
             if not failing:
