@@ -262,6 +262,10 @@ def test_smollm2_learns_the_tool_from_corrected_sessions(tmp_path: Path) -> None
     # The example as it is, smaller: the test shares the machine with the rest of the suite.
     config["recipes"]["shop-rft"].update(min_records=24)
     config["recipes"]["shop-rft"]["params"]["max_steps"] = 8
+    # The same 8 samples a step in batches of 2: a batch's logits over SmolLM2's 49k-token vocabulary
+    # for agent sessions of up to 1024 tokens took the round to 7 GB, and beside the other worker's
+    # engines the kernel's OOM killer ended two rounds in one CI run (each restarted from the start).
+    config["recipes"]["shop-rft"]["params"].update(per_device_batch_size=2, gradient_accumulation_steps=4)
     config["scenarios"]["shop"]["eval"]["limit"] = 16
     config_file.write_text(yaml.safe_dump(config))
     declared = get_scenario("shop", resolve(config_file=config_file)[0])
