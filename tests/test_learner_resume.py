@@ -13,13 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import pytest
-
 from reef.config import GateSettings
-from reef.core.pg import STATE_URL_ENV
 from reef.learn.pending import pending
 from reef.learn.plan import RoundPlan, RoundRequest
 from reef.learn.round_log import RoundLog
@@ -43,14 +39,6 @@ def _wait(what: str, until, timeout_s: float = 240.0) -> None:  # noqa: ANN001
         assert time.monotonic() < deadline, f"never got there: {what}"
         time.sleep(0.1)
 
-
-@pytest.fixture(params=["files", "postgres"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.delenv(STATE_URL_ENV, raising=False)
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"resume_{uuid.uuid4().hex[:12]}"))
-    return str(request.param)
 
 
 def test_a_round_killed_mid_round_resumes_with_nothing_trained_twice_or_lost(tiny: Path, tmp_path: Path,

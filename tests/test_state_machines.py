@@ -5,14 +5,12 @@ PostgreSQL (`state.url`, here REEF_STATE__URL) with a fresh database per test.""
 from __future__ import annotations
 
 import random
-import uuid
 from pathlib import Path
 
 import pytest
 
 from reef.core.eventlog import EventLog, FileEventLog
 from reef.core.eventlog_pg import PgEventLog
-from reef.core.pg import STATE_URL_ENV
 from reef.core.statemachine import IllegalTransitionError, LogEvent, Transitions
 from reef.registry.candidates import (
     TRANSITIONS,
@@ -29,15 +27,6 @@ pytestmark = pytest.mark.model_free
 SCENARIO = "support"
 CID = "c" * 64
 
-
-@pytest.fixture(params=["files", "postgres"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Where the logs live: REEF_STATE__URL unset (files under the data dir), or a fresh database."""
-    monkeypatch.delenv(STATE_URL_ENV, raising=False)
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"events_{uuid.uuid4().hex[:12]}"))
-    return str(request.param)
 
 
 def _force(log: EventLog, event: LogEvent) -> None:

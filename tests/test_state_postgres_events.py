@@ -61,14 +61,6 @@ OTHER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(params=["files", "postgres"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.delenv(STATE_URL_ENV, raising=False)
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"race_{uuid.uuid4().hex[:12]}"))
-    return str(request.param)
-
 
 def test_racing_transitions_on_one_candidate_one_wins(tmp_path: Path, backend: str) -> None:
     """16 writers over two processes: registering one candidate, then a person's rejection against

@@ -30,15 +30,6 @@ S = "demo"
 H1, H2, H3 = ("1" * 64, "2" * 64, "3" * 64)
 
 
-@pytest.fixture(params=["files", "postgres"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The ledger functions' backend: REEF_STATE__URL unset (files under the root), or a fresh database."""
-    monkeypatch.delenv(STATE_URL_ENV, raising=False)
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"ledger_{uuid.uuid4().hex[:12]}"))
-    return str(request.param)
-
 
 @pytest.fixture
 def pg_url(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811 - imported above

@@ -22,11 +22,14 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from reef.core.pg import STATE_URL_ENV
 
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
 USER = "reef"
@@ -134,3 +137,14 @@ def postgres() -> Iterator[PostgresServer]:
     postgres_or_skip()
     with PostgresServer.start() as server:
         yield server
+
+
+@pytest.fixture(params=["files", "postgres"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test run on both backends: REEF_STATE__URL unset (files under the data dir), or a fresh
+    database of the session's server. A module using it imports `postgres` too."""
+    monkeypatch.delenv(STATE_URL_ENV, raising=False)
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"state_{uuid.uuid4().hex[:12]}"))
+    return str(request.param)
