@@ -11,13 +11,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from recipes.online_rl.recipe import rl_examples
 from reef.config import GateSettings
 from reef.core.paths import CANDIDATE_FILE
 from reef.learn.pipeline import gate_metrics
-from reef.recipe import EmptySnapshotError, ExperienceSpec, Snapshot, load_recipe, resolve
+from reef.recipe import EmptySnapshotError, ExperienceSpec, RecipeConfig, Snapshot, load_recipe, resolve
 from reef.recipe.ledger import ConsumedError, consumed
 from reef.registry.schema import Candidate
 from reef.sampling.load import load_model
@@ -113,7 +115,29 @@ def test_rft_full_candidate_lineage_and_ledger(tiny: Path, store: Path, tmp_path
     assert sorted(consumed(ledger_root, SCENARIO)["record_id"]) == sorted(snap.record_ids)
     with pytest.raises(EmptySnapshotError, match="'consumed': " + str(len(snap.record_ids))):
         Snapshot.create(SCENARIO, store, rft.experience(), root=tmp_path / "snaps", ledger_root=ledger_root)
-    rft.run(snap, out_root=tmp_path / "again", progress=False)  # a sibling from the same round is fine
+    assert (meta["metrics"]["micro_batch"], meta["metrics"]["gradient_accumulation_steps"]) == (8, 1)
+
+    # A sibling from the same round is fine; with a token budget below 8 examples, the micro-batch
+    # shrinks and accumulation makes up the configured batch of 8.
+    small = recipe("rft", tiny, max_batch_tokens=1).run(snap, out_root=tmp_path / "again", progress=False)
+    metrics = json.loads((small.path / CANDIDATE_FILE).read_text())["metrics"]
+    assert (metrics["micro_batch"], metrics["gradient_accumulation_steps"]) == (1, 8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(1, 64), accumulate=st.integers(1, 8), longest=st.integers(0, 5000),
+       budget=st.one_of(st.none(), st.integers(1, 20000)))
+def test_micro_batches_fit_the_token_budget_and_keep_the_batch(
+        size: int, accumulate: int, longest: int, budget: int | None) -> None:
+    config = RecipeConfig(scenario=SCENARIO, per_device_batch_size=size, gradient_accumulation_steps=accumulate,
+                          max_batch_tokens=budget)
+    micro, steps = config.micro_batch(longest)
+    assert micro * steps == size * accumulate and 1 <= micro <= size
+    if budget is None or size * longest <= budget:
+        assert (micro, steps) == (size, accumulate)
+    else:  # the largest batch that fits and divides the effective batch (1 always does)
+        assert micro == 1 or micro * longest <= budget
+        assert not any((size * accumulate) % d == 0 and d * longest <= budget for d in range(micro + 1, size + 1))
 
 
 def test_a_record_is_never_consumed_twice(tiny: Path, store: Path, tmp_path: Path) -> None:

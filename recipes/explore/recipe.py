@@ -126,8 +126,8 @@ class Explore(Recipe):
                 "nothing new to learn")
         self._cuts = CutStats()
         self._dataset = sft_examples(samples, c.max_length, self._cuts).remove_columns("record_id")
-        args = SFTConfig(**self.training_args(output_dir) | self.steps(len(self._dataset)), max_length=c.max_length,
-                         packing=False)
+        args = SFTConfig(**self.training_args(output_dir, self._dataset) | self.steps(len(self._dataset)),
+                         max_length=c.max_length, packing=False)
         return SFTTrainer(model=model, args=args, train_dataset=self._dataset, processing_class=tokenizer)
 
     def steps(self, examples: int) -> dict[str, Any]:

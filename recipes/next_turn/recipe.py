@@ -206,8 +206,9 @@ class NextTurn(Recipe):
         if not columns["input_ids"]:
             raise ValueError(f"snapshot {snapshot.id}: no next turn gave a signal to learn from ({self._counts})")
         self._counts["train_samples"] = len(columns["input_ids"])
-        args = TrainingArguments(**self.training_args(output_dir), remove_unused_columns=False)
-        return NextTurnTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict(columns),
+        dataset = datasets.Dataset.from_dict(columns)
+        args = TrainingArguments(**self.training_args(output_dir, dataset), remove_unused_columns=False)
+        return NextTurnTrainer(model=model, args=args, train_dataset=dataset,
                                data_collator=_collate(tokenizer.pad_token_id), is_cap=c.is_cap)
 
     def extra_metrics(self, trainer: Any) -> dict[str, Any]:

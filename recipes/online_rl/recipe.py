@@ -180,7 +180,7 @@ class OnlineRL(Recipe):
                                             baseline=c.baseline)
         if len(dataset) == 0:
             raise ValueError(f"snapshot {snapshot.id}: no sample has a non-zero advantage ({self._counts})")
-        args = TrainingArguments(**self.training_args(output_dir), remove_unused_columns=False)
+        args = TrainingArguments(**self.training_args(output_dir, dataset), remove_unused_columns=False)
         return TISTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate(tokenizer.pad_token_id),
                           is_cap=c.is_cap)
 

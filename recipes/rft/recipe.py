@@ -65,7 +65,7 @@ class RFT(Recipe):
         else:
             samples, self._corrections = with_corrections(snapshot.samples(), tokenizer, c.min_score)
             self._dataset = sft_examples(samples, c.max_length, self._cuts).remove_columns("record_id")
-        args = SFTConfig(**self.training_args(output_dir), max_length=c.max_length, packing=False)
+        args = SFTConfig(**self.training_args(output_dir, self._dataset), max_length=c.max_length, packing=False)
         return SFTTrainer(model=model, args=args, train_dataset=self._dataset, processing_class=tokenizer)
 
     def extra_metrics(self, trainer: Any) -> dict[str, int]:

@@ -40,6 +40,7 @@ from reef.registry.schema import Candidate, Lineage
 from reef.scenario import Scenario, get_scenario
 
 if TYPE_CHECKING:
+    import datasets
     import transformers
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -92,6 +93,14 @@ def main_process() -> bool:
     """Whether this process writes what a run makes: every process but ranks 1.. of a launch over
     several (torchrun and accelerate set RANK; a plain process has none)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def longest_example(dataset: datasets.Dataset) -> int:
+    """Tokens of the longest training example: `input_ids`, or a prompt and its completion."""
+    if "input_ids" in dataset.column_names:
+        return max((len(ids) for ids in dataset["input_ids"]), default=0)
+    pairs = zip(dataset["prompt_ids"], dataset["completion_ids"], strict=True)
+    return max((len(p) + len(c) for p, c in pairs), default=0)
 
 
 class Recipe(ABC):
@@ -182,7 +191,9 @@ class Recipe(ABC):
             trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
         result = trainer.train()
         self.training_log.rows = per_step(trainer.state.log_history)
-        return cast("PreTrainedModel", trainer.model), {**result.metrics, **self.extra_metrics(trainer)}
+        batching = {"micro_batch": trainer.args.per_device_train_batch_size,
+                    "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps}
+        return cast("PreTrainedModel", trainer.model), {**result.metrics, **batching, **self.extra_metrics(trainer)}
 
     def extra_metrics(self, trainer: transformers.Trainer) -> dict[str, Any]:
         """Recipe-specific numbers for candidate.json (e.g. how many samples were used)."""
@@ -190,17 +201,18 @@ class Recipe(ABC):
 
     # --- helpers for subclasses ---------------------------------------------------------------
 
-    def training_args(self, output_dir: Path) -> dict[str, Any]:
-        """TrainingArguments every recipe shares: CPU-safe, no checkpoints, no trackers."""
+    def training_args(self, output_dir: Path, dataset: datasets.Dataset | None = None) -> dict[str, Any]:
+        """TrainingArguments every recipe shares: CPU-safe, no checkpoints, no trackers. With the
+        training `dataset`, micro-batches fit `max_batch_tokens`."""
         import torch
 
         c = self.config
         progress = getattr(self, "_progress", True)
         steps = c.max_steps if c.max_steps > 0 else -1
+        micro, accumulate = c.micro_batch(longest_example(dataset) if dataset is not None else 0)
         return dict(
             output_dir=str(output_dir), max_steps=steps, num_train_epochs=c.epochs, learning_rate=c.learning_rate,
-            per_device_train_batch_size=c.per_device_batch_size,
-            gradient_accumulation_steps=c.gradient_accumulation_steps, seed=c.seed, data_seed=c.seed,
+            per_device_train_batch_size=micro, gradient_accumulation_steps=accumulate, seed=c.seed, data_seed=c.seed,
             # TRL defaults bf16 and gradient checkpointing on; on CPU both only cost time.
             use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=False,
             # Every step logged: the candidate keeps the curves (reef.recipe.training_log).

@@ -38,6 +38,12 @@ class RecipeConfig:
     learning_rate: float = 1e-4
     per_device_batch_size: int = 16
     gradient_accumulation_steps: int = 1
+    # Padded tokens one micro-batch may hold (its size x the longest example). A step's peak memory
+    # is its logits (tokens x vocabulary x 4 bytes, several copies in the loss), so a round of long
+    # agent turns beside an engine could be OOM-killed at a batch size that suits short replies.
+    # Above it the micro-batch shrinks and gradient accumulation grows, the effective batch kept.
+    # None: per_device_batch_size as given.
+    max_batch_tokens: int | None = 1024
     max_length: int = 1024
     lora_r: int = 8
     lora_alpha: int = 16
@@ -59,6 +65,18 @@ class RecipeConfig:
         if "scenario" not in params:
             raise ValueError(f"{cls.__name__} needs `scenario`: the name of the scenario it learns for")
         return cls(**params)
+
+    def micro_batch(self, longest: int) -> tuple[int, int]:
+        """(per-device batch size, gradient accumulation steps) for examples of at most `longest`
+        tokens: the largest divisor of the effective batch whose padded micro-batch fits
+        `max_batch_tokens`, so the effective batch (and so the learning) is the one configured."""
+        size, accumulate = self.per_device_batch_size, self.gradient_accumulation_steps
+        if self.max_batch_tokens is None or size * longest <= self.max_batch_tokens:
+            return size, accumulate
+        effective = size * accumulate
+        fits = max(1, self.max_batch_tokens // longest)
+        micro = max(d for d in range(1, min(size, fits) + 1) if effective % d == 0)
+        return micro, effective // micro
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -110,7 +110,7 @@ class KTO(Recipe):
                         **self._cuts.as_metrics(),
                         "desirable_weight": c.desirable_weight if c.desirable_weight is not None else n_bad / n_good}
         args = TRLKTOConfig(
-            **self.training_args(output_dir), max_length=c.max_length, beta=c.beta,
+            **self.training_args(output_dir, self._dataset), max_length=c.max_length, beta=c.beta,
             desirable_weight=self._counts["desirable_weight"], undesirable_weight=c.undesirable_weight,
             precompute_ref_log_probs=c.precompute_ref_log_probs,
         )
