@@ -14,7 +14,9 @@ from reef.config import ServeConfig
 from reef.engine.supervisor import EngineSupervisor
 from tests.helpers import ARTIFACTS, MODEL_NAME, REPO, TINY
 from tests.helpers.gateway import Gateway
-from tests.helpers.postgres import backend  # noqa: F401 (a fixture: the state tests on both backends)
+
+# Fixtures: the state tests on both backends; a fresh database named in REEF_STATE__URL; the server.
+from tests.helpers.postgres import backend, pg_url, postgres  # noqa: F401
 from tests.helpers.state_pass import state_per_module, state_per_test, state_server  # noqa: F401 (fixtures)
 from tests.helpers.tiny import declare_scenarios
 

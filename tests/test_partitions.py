@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -149,34 +148,12 @@ def test_the_one_gateway_layout_still_reads_and_its_wal_is_adopted(tmp_path: Pat
     assert sorted(load("demo", tmp_path).collect()["record_id"]) == [f"rec_{i:05d}" for i in range(6)]
 
 
-WRITER = textwrap.dedent(
-    """
-    import asyncio, sys
-    from pathlib import Path
-    from reef.config import StoreConfig
-    from reef.experience.store import ExperienceStore
-    from tests.helpers.records import make_record
-
-    config = StoreConfig(flush_interval_s=0.05, flush_max_records=40, partition=sys.argv[2])
-    store = ExperienceStore(Path(sys.argv[1]), config).open()
-
-    async def one(i):
-        await store.append_record(make_record(i))
-        sys.stdout.write(f"rec_{i:05d}\\n")
-        sys.stdout.flush()
-
-    async def main():
-        for start in range(0, 10**6, 16):
-            await asyncio.gather(*(one(i) for i in range(start, start + 16)))
-
-    asyncio.run(main())
-    """
-)
+WRITER = [sys.executable, "-m", "tests.helpers.crash_writer"]  # kill -9 it mid-write
 
 
 def test_kill_9_of_one_gateway_loses_nothing_either_acknowledged(tmp_path: Path) -> None:
     survivor = store(tmp_path, "b", flush_interval_s=0.05).open()
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "a"], cwd=REPO,
+    proc = subprocess.Popen([*WRITER, str(tmp_path), "--partition", "a", "--concurrency", "16"], cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     theirs: list[str] = []

@@ -13,17 +13,15 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from reef.core.pg import STATE_URL_ENV
 from reef.learn.round_log import RoundBusyError, RoundLog
 from reef.registry.candidates import CandidateEvent, CandidateRegistry, CandidateStateError, GateResult
-from tests.helpers.postgres import PostgresServer, postgres  # noqa: F401 - the session's server
+from tests.helpers.postgres import postgres  # noqa: F401 - the session's server
 
 pytestmark = pytest.mark.model_free
 
@@ -105,13 +103,6 @@ def test_racing_transitions_on_one_candidate_one_wins(tmp_path: Path, backend: s
     view = registry.get(CID)
     assert view.status == {"rejected": "rejected", "released": "released"}[events[-1].event]
     assert (view.rejected_by or view.release_id) in ("alice", "bob", f"{S}@r8", f"{S}@r9")
-
-
-@pytest.fixture
-def pg_url(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811 - imported above
-    url = postgres.create_database(f"rounds_{uuid.uuid4().hex[:12]}")
-    monkeypatch.setenv(STATE_URL_ENV, url)
-    return url
 
 
 def test_a_round_lock_in_postgres_spans_processes_and_dies_with_its_holder(tmp_path: Path, pg_url: str) -> None:

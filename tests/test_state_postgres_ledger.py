@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from reef.core.pg import STATE_URL_ENV
 from reef.recipe import ledger
-from tests.helpers.postgres import PostgresServer, postgres  # noqa: F401 - the session's server
+from tests.helpers.postgres import postgres  # noqa: F401 - the session's server
 
 pytestmark = pytest.mark.model_free
 
@@ -29,13 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 S = "demo"
 H1, H2, H3 = ("1" * 64, "2" * 64, "3" * 64)
 
-
-
-@pytest.fixture
-def pg_url(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811 - imported above
-    url = postgres.create_database(f"ledger_{uuid.uuid4().hex[:12]}")
-    monkeypatch.setenv(STATE_URL_ENV, url)
-    return url
 
 
 def test_the_backend_is_chosen_by_the_url(tmp_path: Path, backend: str) -> None:

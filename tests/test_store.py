@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from datetime import timedelta
@@ -96,33 +95,11 @@ def test_segment_numbers_continue_across_restarts(tmp_path: Path) -> None:
         assert store.get_record("rec_00025") == make_record(25, created_at=store.get_record("rec_00025").created_at)
 
 
-CRASH_SCRIPT = textwrap.dedent(
-    """
-    import asyncio, sys
-    from pathlib import Path
-    from reef.config import StoreConfig
-    from reef.experience.store import ExperienceStore
-    from tests.helpers.records import make_record
-
-    # Small flushes, so the kill also lands between shard writes and segment deletes.
-    store = ExperienceStore(Path(sys.argv[1]), StoreConfig(flush_interval_s=0.05, flush_max_records=40)).open()
-
-    async def one(i):
-        await store.append_record(make_record(i))
-        sys.stdout.write(f"rec_{i:05d}\\n")
-        sys.stdout.flush()
-
-    async def main():
-        for start in range(0, 10**6, 32):
-            await asyncio.gather(*(one(i) for i in range(start, start + 32)))
-
-    asyncio.run(main())
-    """
-)
+WRITER = [sys.executable, "-m", "tests.helpers.crash_writer"]  # kill -9 it mid-write
 
 
 def test_sigkill_loses_no_acknowledged_record(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], cwd=REPO,
+    proc = subprocess.Popen([*WRITER, str(tmp_path)], cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     acked: list[str] = []

@@ -148,3 +148,11 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         server: PostgresServer = request.getfixturevalue("postgres")
         monkeypatch.setenv(STATE_URL_ENV, server.create_database(f"state_{uuid.uuid4().hex[:12]}"))
     return str(request.param)
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh database of the session's server, named in REEF_STATE__URL for what the test runs."""
+    url = postgres.create_database(f"state_{uuid.uuid4().hex[:12]}")
+    monkeypatch.setenv(STATE_URL_ENV, url)
+    return url
