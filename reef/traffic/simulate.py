@@ -51,6 +51,7 @@ from reef.scenario import (
     same_calls,
     training_tasks,
 )
+from reef.scenario.environment import reply_text
 from reef.scenario.reward import RewardFn
 
 if TYPE_CHECKING:
@@ -108,7 +109,8 @@ async def _one_user(
         summary.latencies.append((sent, time.perf_counter() - t0))
         completion = raw.parse()
         record_id = raw.headers["x-reef-agent-record-id"]
-        reply = completion.choices[0].message.content or ""
+        # A tool call reaches the reward as the template writes it, as the gate and exploration score it.
+        reply = reply_text(completion.choices[0].message.model_dump(exclude_none=True))
         # The reward may be blocking (a verifier, a judge over HTTP): off the event loop.
         score = (await asyncio.to_thread(reward, [task], [reply]))[0]
         summary.requests += 1
