@@ -93,10 +93,16 @@ def run_example(name: str, work: Path, args: argparse.Namespace, seed: int = 0,
 
 def seeded(config_file: Path, seed: int) -> Path:
     """The example's serve.yaml with `seed` wherever the run draws: each recipe's training, the
-    gate's bootstrap and its eval replies."""
+    learner's exploration (its practice tasks, its rollouts' sampling, its training) and RL rungs,
+    the gate's bootstrap and its eval replies."""
     config = yaml.safe_load(config_file.read_text())
     for recipe in (config.get("recipes") or {}).values():
         recipe["params"] = {**(recipe.get("params") or {}), "seed": seed}
+    learner = config.setdefault("learner", {})
+    if isinstance(learner.get("explore", {}), dict):  # `explore: false` stays off
+        explore = learner.setdefault("explore", {})
+        explore["params"] = {**(explore.get("params") or {}), "seed": seed, "sample_seed": seed}
+        explore["rl_params"] = {**(explore.get("rl_params") or {}), "seed": seed, "sample_seed": seed}
     release = config.setdefault("release", {})
     release["gate"] = {**(release.get("gate") or {}), "seed": seed}
     for scenario in config["scenarios"].values():
