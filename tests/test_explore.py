@@ -13,6 +13,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from pydantic import ValidationError
 
 from recipes.explore.recipe import SOURCE, target_ids, training_rows
 from reef.config import ServeConfig
@@ -22,10 +23,11 @@ from reef.learn.ladder import RATE_WINDOW_S, Exploration, explore_reason, live_w
 from reef.learn.learner import Learner
 from reef.learn.plan import RoundPlan, Thresholds
 from reef.model.smollm2 import CHAT_TEMPLATE as SMOLLM2_TEMPLATE
-from reef.recipe.rollouts import Rollout, guided_share, rollout_metrics, write_rollouts
+from reef.recipe.rollouts import Rollout, guidance, guided_share, rollout_metrics, write_rollouts
 from reef.recipe.tokens import assistant_turn_ids
 from reef.sampling.completion import Completion
 from reef.sampling.engine_tokens import EngineSample, read_samples
+from reef.scenario import ReplyFormat, Scenario
 from tests.helpers.records import MANUAL, make_record, make_report
 from tests.helpers.tiny.chat_format import CHAT_TEMPLATE as TINY_TEMPLATE
 from tests.helpers.tokenizers import byte_tokenizer
@@ -114,6 +116,28 @@ def test_guided_decoding_takes_half_of_a_tool_task_samples() -> None:
     assert guided_share({"messages": ASK, "tools": TOOLS}, 8, "off") == 0
     with pytest.raises(ValueError, match="auto or off"):
         guided_share({"messages": ASK}, 8, "always")
+
+
+def test_a_declared_reply_format_guides_half_of_a_task_without_tools() -> None:
+    fmt = ReplyFormat(regex="Team: (delivery|billing)")
+    wanted = fmt.structured_outputs()
+    assert wanted == {"regex": "Team: (delivery|billing)"}
+    assert guided_share({"messages": ASK}, 8, "auto", wanted) == 4
+    assert guided_share({"messages": ASK}, 8, "off", wanted) == 0
+    assert guidance({"messages": ASK}, True, wanted) == {"tool_choice": None, "structured_outputs": wanted}
+    assert guidance({"messages": ASK}, False, wanted) == {"tool_choice": None}
+    # A tool task is guided into a call, never into the reply format.
+    assert guided_share({"messages": ASK, "tools": TOOLS}, 8, "auto", wanted) == 4
+    assert guidance({"messages": ASK, "tools": TOOLS}, True, wanted) == {"tool_choice": "required"}
+    assert guided_share({"messages": ASK, "tools": TOOLS, "tool_choice": "none"}, 8, "auto", wanted) == 0
+    assert ReplyFormat(choice=["yes", "no"]).structured_outputs() == {"choice": ["yes", "no"]}
+    assert ReplyFormat(json_schema={"type": "object"}).structured_outputs() == {"json": {"type": "object"}}
+    for bad, says in (({}, "exactly one"), ({"regex": "a", "choice": ["a"]}, "exactly one"),
+                      ({"regex": "(unclosed"}, "not a regular expression")):
+        with pytest.raises(ValidationError, match=says):
+            ReplyFormat(**bad)
+    with pytest.raises(ValidationError, match="reply_format"):
+        Scenario(name="s", reply_format={"regex": "[", "choice": None})
 
 
 def test_the_exploration_rung_is_chosen_when_rewards_are_rare_and_spaced() -> None:

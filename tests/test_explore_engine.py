@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import datasets
@@ -225,3 +226,23 @@ def test_seeded_rollouts_sample_the_same_replies_again(vllm_url: str) -> None:
     assert len(first) == 6
     assert tokens(7) == first
     assert tokens(8) != first
+
+
+def test_a_declared_reply_format_guides_half_of_the_samples(vllm_url: str) -> None:
+    """examples/reviews declares its reply format: half of each task's samples are asked under vLLM's
+    structured outputs and all of those have the shape; the reward scores them as any reply."""
+    reviews = get_scenario("reviews", resolve(config_file=REPO / "examples" / "reviews" / "serve.yaml")[0])
+    assert reviews.reply_format is not None and reviews.reply_format.regex is not None
+    tasks, _ = practice_tasks(reviews)
+    plan = RolloutPlan(samples=4, temperature=1.0, max_tokens=32, fruitless_after=None, seed=0,
+                       reply_format=reviews.reply_format.structured_outputs())
+    reward = reward_for(reviews)
+    run = sample_rollouts(EngineEndpoint(vllm_url, MODEL_NAME), Arm(served=MODEL_NAME), dict(enumerate(tasks[:4])),
+                          plan, lambda ts, replies: [s.value for s in reward(ts, replies)])
+    guided = [r for r in run.rollouts if r.guided]
+    assert len(run.rollouts) == 16 and len(guided) == 8
+    shape = re.compile(reviews.reply_format.regex)
+    assert all(shape.fullmatch(r.sample.completion.text) for r in guided), [r.sample.completion.text for r in guided]
+    assert all(r.score in (0.0, 1.0) for r in run.rollouts)
+    assert all(r.sample.completion.completion_ids and len(r.sample.completion.logprobs or []) ==
+               len(r.sample.completion.completion_ids) for r in guided)

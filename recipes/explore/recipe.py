@@ -16,6 +16,10 @@ necessarily what the model writes unconstrained (bare JSON on some vLLM versions
 the hermes markup, with the grammar's own whitespace), so an accepted guided reply is trained as
 the chat template renders that assistant turn (`<tool_call>` markup,
 reef.recipe.tokens.assistant_turn_ids); an unguided success trains on its exact sampled token ids.
+A task without tools whose scenario declares a `reply_format` (a regex, a choice, a JSON schema:
+the shape every rewarded reply has) is guided the same way into that shape (vLLM structured
+outputs), for a strict format the model never writes unasked; its accepted replies are trained as
+the template renders them too.
 A scenario with an `environment` is explored in episodes (the environment executes the calls, the
 final reply is scored, each model turn of a passed episode is trained on; reef.recipe.rollouts).
 
@@ -73,7 +77,8 @@ class ExploreConfig(RecipeConfig):
     temperature: float = 1.0
     max_prompts: int = 64  # practice tasks per round, drawn at random
     max_new_tokens: int | None = None  # None: the eval suite's max_new_tokens, else 64
-    guided: str = "auto"  # auto: half of a tool task's samples with tool_choice "required"; off: none
+    guided: str = "auto"  # auto: half of a tool task's samples with tool_choice "required", or of another
+    # task's in the scenario's reply_format (when it declares one); off: none
     sample_seed: int | None = None  # which practice tasks a round draws, and its requests' seeds; None: fresh
     concurrency: int = 8  # rollout requests in flight (fewer while users wait: learner.share)
     per_request: int = 1  # choices per request: the share admits sequences one by one beside users
@@ -163,7 +168,8 @@ class Explore(Recipe):
                            concurrency=c.concurrency, per_request=c.per_request, enough=c.enough,
                            max_s=c.max_sample_s, min_score=c.min_score, fruitless_after=c.fruitless_after,
                            max_turns=scenario.environment.max_turns if scenario.environment else 1,
-                           seed=c.sample_seed)
+                           seed=c.sample_seed,
+                           reply_format=scenario.reply_format.structured_outputs() if scenario.reply_format else None)
         return sample_rollouts(self.engine, policy, self._tasks, plan,
                                lambda ts, replies: [s.value for s in reward(ts, replies)], environment_for(scenario))
 

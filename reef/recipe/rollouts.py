@@ -64,7 +64,8 @@ class Rollout:
 @dataclass(frozen=True)
 class RolloutPlan:
     """What to sample: `samples` replies for each task at `temperature` (no top-k/top-p: the model's
-    own distribution), `guided` of them under `tool_choice: "required"` (guided_share)."""
+    own distribution), `guided` of them under `tool_choice: "required"` or the scenario's reply
+    format (guided_share)."""
 
     samples: int
     temperature: float
@@ -78,6 +79,7 @@ class RolloutPlan:
     fruitless_after: int | None = 32  # see the module docstring; None: never skip unguided jobs
     max_turns: int = 4  # model turns per episode, with an environment
     seed: int | None = None  # the requests' seeds derive from it; None: unseeded draws
+    reply_format: dict[str, Any] | None = None  # the scenario's, as structured_outputs: guides tasks without tools
 
     def request_seed(self, task: int, guided: bool, job: int, turn: int = 0) -> int | None:
         if self.seed is None:
@@ -97,14 +99,28 @@ class RolloutRun:
     skipped: int = 0  # unguided samples not asked (fruitless_after)
 
 
-def guided_share(task: Task, samples: int, guided: str) -> int:
-    """How many of a task's samples are asked with guided decoding of a tool call: with `auto`, half
-    of them when the task offers tools and does not pin its own tool_choice; none otherwise."""
+def guided_share(task: Task, samples: int, guided: str, reply_format: dict[str, Any] | None = None) -> int:
+    """How many of a task's samples are asked with guided decoding: with `auto`, half of them when the
+    task offers tools and does not pin its own tool_choice (a tool call), or offers none and the
+    scenario declares a reply format (a reply of that shape); none otherwise."""
     if guided not in ("auto", "off"):
         raise ValueError(f"guided: {guided!r}; auto or off")
-    if guided == "off" or not task.get("tools") or task.get("tool_choice") not in (None, "auto"):
+    if guided == "off" or not (_calls_a_tool(task) or (reply_format is not None and not task.get("tools"))):
         return 0
     return samples // 2
+
+
+def _calls_a_tool(task: Task) -> bool:
+    return bool(task.get("tools")) and task.get("tool_choice") in (None, "auto")
+
+
+def guidance(task: Task, guided: bool, reply_format: dict[str, Any] | None) -> dict[str, Any]:
+    """token_samples' `tool_choice` and `structured_outputs` for one sample of `task`."""
+    if not guided:
+        return {"tool_choice": task.get("tool_choice")}
+    if _calls_a_tool(task):
+        return {"tool_choice": "required"}
+    return {"tool_choice": task.get("tool_choice"), "structured_outputs": reply_format}
 
 
 def passed(score: float | None, min_score: float | None) -> bool:
@@ -121,7 +137,7 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
     jobs: list[tuple[int, bool, int, int]] = []  # task, guided, samples, the job's first sample
     step = 1 if environment is not None else max(1, plan.per_request)
     for i, task in tasks.items():
-        guided = guided_share(task, plan.samples, plan.guided)
+        guided = guided_share(task, plan.samples, plan.guided, plan.reply_format if environment is None else None)
         for is_guided, count in ((False, plan.samples - guided), (True, guided)):
             jobs += [(i, is_guided, min(step, count - k), k) for k in range(0, count, step)]
     run = RolloutRun()
@@ -157,9 +173,9 @@ def sample_rollouts(engine: EngineEndpoint, policy: Arm, tasks: dict[int, Task],
                     got_scores = [value]
                 else:
                     got = await token_samples(
-                        session, model, task["messages"], tools=task.get("tools"),
-                        tool_choice="required" if guided else task.get("tool_choice"), n=n,
-                        max_tokens=plan.max_tokens, temperature=plan.temperature, seed=plan.request_seed(i, guided, k))
+                        session, model, task["messages"], tools=task.get("tools"), n=n, max_tokens=plan.max_tokens,
+                        temperature=plan.temperature, seed=plan.request_seed(i, guided, k),
+                        **guidance(task, guided, plan.reply_format))
                     # A reward may block (a verifier, a judge's request): off the event loop.
                     got_scores = await asyncio.to_thread(score, [task] * len(got), [s.completion.text for s in got])
                     run.rollouts += [Rollout(i, str(task.get("task_id", i)), guided, sample, value)

@@ -47,13 +47,16 @@ def read_samples(data: dict[str, Any]) -> list[EngineSample]:
 
 async def token_samples(session: EngineSession, model: str, messages: list[dict[str, Any]], *,
                         tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, n: int,
-                        max_tokens: int, temperature: float, seed: int | None = None) -> list[EngineSample]:
+                        max_tokens: int, temperature: float, seed: int | None = None,
+                        structured_outputs: dict[str, Any] | None = None) -> list[EngineSample]:
     """`n` samples of one chat from `model` (a name `session.prepare` gave), at `temperature` with no
     top-k/top-p (the model's own distribution). `tool_choice: "required"` makes vLLM's guided
-    decoding write a call; left None with tools, an engine started without a tool-call parser gets
-    `"none"` (the tools stay in the prompt, the reply is text)."""
+    decoding write a call, `structured_outputs` (a scenario's reply format) a reply of that shape;
+    left None with tools, an engine started without a tool-call parser gets `"none"` (the tools stay
+    in the prompt, the reply is text)."""
     body = chat_body(model, messages, n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, tools=tools,
-                     tool_choice=tool_choice, top_p=1.0, top_k=0, logprobs=True, return_token_ids=True)
+                     tool_choice=tool_choice, top_p=1.0, top_k=0, logprobs=True, return_token_ids=True,
+                     structured_outputs=structured_outputs)
     async with session.share.slot(n):
         response = await _post(session, body)
         if response.status_code == 400 and "tool choice" in response.text and tool_choice is None and tools:

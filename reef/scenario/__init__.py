@@ -22,13 +22,14 @@ from reef.scenario.schema import (
     NextTurnRule,
     NextTurnSpec,
     RecipeSpec,
+    ReplyFormat,
     Scenario,
 )
 from reef.scenario.suite import EvalSuite, ScenarioError, Task, correction, load_tasks, reference_turn, same_calls
 
 __all__ = [
     "ENTRY_POINT_GROUP", "CanaryConfig", "Environment", "EnvironmentSpec", "EpisodeState", "EvalSpec", "EvalSuite",
-    "HarnessSpec", "JudgeReward", "JudgeSpec", "NextTurnRule", "NextTurnSpec", "RecipeSpec",
+    "HarnessSpec", "JudgeReward", "JudgeSpec", "NextTurnRule", "NextTurnSpec", "RecipeSpec", "ReplyFormat",
     "RewardError", "RewardFn", "Scenario", "ScenarioError", "Score", "Task", "ToolCall", "ToolEnvironmentError",
     "all_scenarios", "correction", "environment_for", "eval_suite", "reference_turn", "same_calls",
     "get_scenario", "load_tasks", "packaged_scenarios", "parse_judge_score", "reward_for", "training_tasks",

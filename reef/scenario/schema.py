@@ -21,10 +21,11 @@ the serve.yaml that declared the scenario, or the package that shipped it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Policy = Literal["auto", "approval"]
 Inject = Literal["system_prepend", "system_replace", "off"]
@@ -137,6 +138,36 @@ class NextTurnSpec(_Strict):
     judge: JudgeSpec | None = None
 
 
+class ReplyFormat(_Strict):
+    """The shape every rewarded reply has, in vLLM's structured-outputs terms: exactly one of a regular
+    expression the whole reply matches, a list of replies to choose from, or a JSON schema. Exploration
+    asks half its samples under guided decoding of it (as it asks a tool task's with `tool_choice:
+    "required"`), so a reward the model's own replies never earn (a strict format it does not write
+    unasked) has successes to learn from; the model is trained to write them unguided."""
+
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> ReplyFormat:
+        given = [k for k in ("regex", "choice", "json_schema") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"reply_format takes exactly one of regex, choice, json_schema; got {given or 'none'}")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"reply_format.regex {self.regex!r} is not a regular expression: {exc}") from exc
+        return self
+
+    def structured_outputs(self) -> dict[str, Any]:
+        """The request's `structured_outputs` field (vLLM's StructuredOutputsParams)."""
+        if self.regex is not None:
+            return {"regex": self.regex}
+        return {"choice": self.choice} if self.choice is not None else {"json": self.json_schema}
+
+
 class Scenario(_Strict):
     """One scenario; `reef.Scenario` is this type."""
 
@@ -158,6 +189,9 @@ class Scenario(_Strict):
     environment: EnvironmentSpec | None = Field(
         default=None, description="executes tool calls: the eval, simulated users and rollouts run episodes "
         "(model -> tool call -> result -> model -> answer); `module:function` or {factory, max_turns}")
+    reply_format: ReplyFormat | None = Field(
+        default=None, description="the shape every rewarded reply has ({regex}, {choice} or {json_schema}): "
+        "exploration guides half its samples of a task without tools into it")
     base_dir: Path | None = Field(default=None, description="where relative paths and reward modules are found")
 
     @field_validator("environment", mode="before")
