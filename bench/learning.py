@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -126,6 +127,18 @@ def collected(scenario: str, data_dir: Path) -> dict[str, Any]:
             held_out[r["release"]] = gate["candidate_success"]
     live = per_release(data_dir, scenario).to_dicts() if (data_dir / "experience").is_dir() else []
     return {"scenario": scenario, "rounds": rounds, "held_out": held_out, "live": live}
+
+
+def run_folders(workdir: Path, example: str) -> list[Path]:
+    """An example's data folders in a run's --workdir: its own, or one per arm and seed."""
+    own = workdir / example
+    return [own] if own.is_dir() else sorted(workdir.glob(f"{example}-*-s*"))
+
+
+def run_of(folder: str) -> dict[str, Any]:
+    """The arm and seed a folder `<example>-<arm>-s<seed>` ran (nothing for a single run's)."""
+    match = re.fullmatch(r".+-(corrections|rewards)-s(\d+)", folder)
+    return {"arm": match.group(1), "seed": int(match.group(2))} if match else {}
 
 
 def first_release_s(res: dict[str, Any]) -> float | None:
@@ -270,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect:  # a run stopped before it reported: its figures from each example's data folder
         if args.workdir is None:
             parser.error("--collect needs the stopped run's --workdir")
-        results = [{**collected(example, args.workdir / example / "data"), "elapsed_s": 0.0, "collected": True}
-                   for example in names]
+        results = [{**collected(example, folder / "data"), **run_of(folder.name), "elapsed_s": 0.0, "collected": True}
+                   for example in names for folder in run_folders(args.workdir, example)]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2, default=str))
         publish(args, name, *report(results))
