@@ -23,6 +23,7 @@ BENCHES: dict[str, list[str]] = {
     "ingest": ["bench/ingest.py"],
     "gateway_overhead_stand_in": ["bench/gateway_overhead.py", "--stand-in-only"],
     "gateway_overhead": ["bench/gateway_overhead.py"],
+    "dialect_json": ["bench/dialect_json.py"],
     "recipe_overhead": ["bench/recipe_overhead.py"],
     "swap": ["bench/swap.py"],
     "gate": ["bench/gate.py"],
