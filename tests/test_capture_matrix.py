@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 
 import anthropic
+import httpx
 import pytest
 
 from tests.helpers import MODEL_NAME
@@ -78,3 +79,35 @@ def test_every_record_carries_tokens_and_behaviour_logprobs(gateway: Gateway, di
         assert [(c["name"], json.loads(c["arguments"])) for c in choice["tool_calls"]] == [("bash", {"command": "ls"})]
     else:
         assert not choice["tool_calls"] and record["tools"] == []
+
+
+_STREAMED = {  # path, a streamed body of 24 tokens, and the marker of an event that carries text
+    "chat_completions": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24},
+                         b'"content":"'),
+    "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 24}, b'"response.output_text.delta"'),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24},
+                 b'"text_delta"'),
+}
+
+
+def _stream(gw: Gateway, dialect: str, interval: int | None) -> tuple[str, int]:
+    """A 24-token stream; its record id and how many of its events carried text."""
+    path, body, marker = _STREAMED[dialect]
+    extra = {} if interval is None else {"stream_interval": interval}
+    ask = {"model": MODEL_NAME, "temperature": 0, "ignore_eos": True, "stream": True, **body, **extra}
+    with httpx.stream("POST", gw.url + path, json=ask, headers=SCENARIO, timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        events = sum(1 for line in resp.iter_lines() if line.startswith("data:") and marker in line.encode())
+        return resp.headers["x-reef-agent-record-id"], events
+
+
+@pytest.mark.parametrize("dialect", sorted(_STREAMED))
+def test_several_tokens_per_event_are_recorded_as_one_token_events_are(gateway: Gateway, dialect: str) -> None:
+    """vLLM's `stream_interval` (per request here; `engine.stream_interval` for every call) sends
+    several tokens in one event: the client gets fewer events, and the record is the same one."""
+    one_id, one_events = _stream(gateway, dialect, None)
+    four_id, four_events = _stream(gateway, dialect, 4)
+    one, four = (get_record(gateway, r)["choices"][0] for r in (one_id, four_id))
+    assert len(one["token_ids"]) == 24 and four["token_ids"] == one["token_ids"]
+    assert len(four["logprobs"]) == 24 and four["logprobs"] == pytest.approx(one["logprobs"], abs=1e-3)
+    assert four_events < one_events, (four_events, one_events)

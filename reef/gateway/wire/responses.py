@@ -28,8 +28,10 @@ from reef.gateway.wire.errors import ReefError, from_validation
 _TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "refusal"}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _SKIPPED_ITEMS = {"reasoning"}
-# vLLM's own sampling extensions (an SDK's `extra_body`), passed on as they are: the engine uses them.
-ENGINE_EXTRAS = ("ignore_eos", "top_k", "min_p", "min_tokens", "seed", "repetition_penalty")
+# vLLM's own request extensions (an SDK's `extra_body`), passed on as they are: the engine uses them.
+# `stream_interval` (vLLM 0.32): tokens per streamed event for this request, as the chat route passes
+# it on; fewer events cost the engine and the gateway less per token.
+ENGINE_EXTRAS = ("ignore_eos", "top_k", "min_p", "min_tokens", "seed", "repetition_penalty", "stream_interval")
 
 
 class ResponsesRequest(BaseModel):
